@@ -1,0 +1,4 @@
+from deepdanbooru.cli import run
+
+if __name__ == "__main__":
+    run()

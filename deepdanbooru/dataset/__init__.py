@@ -1,0 +1,1 @@
+"""SQLite records and dataset building. Standard library only."""

@@ -1,0 +1,144 @@
+"""Eligible posts of a DeepDanbooru-layout SQLite database, as lean parallel arrays."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepdanbooru.errors import DatasetError, file_field
+
+REQUIRED_COLUMNS = ("id", "md5", "file_ext", "tag_string", "tag_count_general")
+IMAGES_DIR = "images"
+
+
+@dataclass(frozen=True)
+class Records:
+    """Eligible rows in id order. Parallel sequences instead of per-row objects keep 1M rows small."""
+
+    database_path: Path
+    ids: array  # int64 post ids, ascending
+    md5s: list[str]
+    file_exts: list[str]  # interned: a handful of distinct strings
+    tag_strings: list[str]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def images_dir(self) -> Path:
+        return self.database_path.parent / IMAGES_DIR
+
+    def path(self, index: int) -> str:
+        return image_path(self.images_dir, self.md5s[index], self.file_exts[index])
+
+    def paths(self) -> list[str]:
+        root = str(self.images_dir)
+        return [image_path(root, md5, ext) for md5, ext in zip(self.md5s, self.file_exts)]
+
+    def subset(self, indices) -> "Records":
+        indices = list(indices)
+        return Records(
+            self.database_path,
+            array("q", (self.ids[i] for i in indices)),
+            [self.md5s[i] for i in indices],
+            [self.file_exts[i] for i in indices],
+            [self.tag_strings[i] for i in indices],
+        )
+
+
+def image_path(images_dir, md5: str, ext: str) -> str:
+    """images/<md5[0:2]>/<md5>.<ext>, the DeepDanbooru rule."""
+    return f"{images_dir}/{md5[0:2]}/{md5}.{ext}"
+
+
+def check_md5(md5, row_id, source) -> str:
+    """md5 need not be a hash, but it becomes a file name: refuse anything that could escape images/."""
+    if not isinstance(md5, str) or not md5.strip():
+        raise DatasetError(file_field(source, f"posts row id {row_id}", "md5 is empty"))
+    if "/" in md5 or "\\" in md5 or ".." in md5 or "\0" in md5 or md5 != md5.strip():
+        raise DatasetError(file_field(source, f"posts row id {row_id}",
+                                      f"md5 {md5!r} is not a safe file name (path separators, '..' or spaces)"))
+    return md5
+
+
+def connect_read_only(database_path) -> sqlite3.Connection:
+    database_path = Path(database_path)
+    if not database_path.is_file():
+        raise DatasetError(file_field(database_path, None, "database file not found"))
+    try:
+        connection = sqlite3.connect(f"file:{database_path}?mode=ro", uri=True)
+        connection.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+    except sqlite3.DatabaseError as error:
+        raise DatasetError(file_field(database_path, None, f"not a readable SQLite database: {error}")) from None
+    return connection
+
+
+def check_posts_table(connection: sqlite3.Connection, source, columns=REQUIRED_COLUMNS) -> set[str]:
+    """Raise naming the missing table or columns; return the table's column names."""
+    present = {row[1] for row in connection.execute("PRAGMA table_info(posts)")}
+    if not present:
+        raise DatasetError(file_field(source, "posts", "table not found"))
+    missing = [name for name in columns if name not in present]
+    if missing:
+        raise DatasetError(file_field(source, "posts", f"missing column(s): {', '.join(missing)}"))
+    return present
+
+
+def eligible_query(extensions) -> tuple[str, int]:
+    marks = ", ".join("?" for _ in extensions)
+    return (
+        "SELECT id, md5, file_ext, tag_string FROM posts "
+        f"WHERE file_ext IN ({marks}) AND tag_count_general >= ? ORDER BY id",
+        len(extensions),
+    )
+
+
+def count_eligible(connection, minimum_tag_count: int, extensions) -> int:
+    sql, _ = eligible_query(extensions)
+    sql = sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT COUNT(*)").replace(" ORDER BY id", "")
+    return connection.execute(sql, (*extensions, minimum_tag_count)).fetchone()[0]
+
+
+def iter_eligible(connection, source, minimum_tag_count: int, extensions, limit: int | None = None):
+    """Yield checked (id, md5, file_ext, tag_string) rows in id order."""
+    sql, _ = eligible_query(extensions)
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    cursor = connection.execute(sql, (*extensions, minimum_tag_count))
+    for row_id, md5, ext, tag_string in cursor:
+        if not isinstance(row_id, int):
+            raise DatasetError(file_field(source, "posts", f"id {row_id!r} is not an integer"))
+        check_md5(md5, row_id, source)
+        if tag_string is None:
+            tag_string = ""
+        elif not isinstance(tag_string, str):
+            raise DatasetError(file_field(source, f"posts row id {row_id}", "tag_string is not text"))
+        yield row_id, md5, ext, tag_string
+
+
+def load_records(database_path, minimum_tag_count: int, extensions=("png", "jpg", "jpeg")) -> Records:
+    """All eligible posts, id ascending. Raises DatasetError naming file and table/column/row."""
+    database_path = Path(database_path)
+    extensions = tuple(extensions)
+    connection = connect_read_only(database_path)
+    try:
+        check_posts_table(connection, database_path)
+        ids = array("q")
+        md5s: list[str] = []
+        exts: list[str] = []
+        tag_strings: list[str] = []
+        try:
+            for row_id, md5, ext, tag_string in iter_eligible(connection, database_path, minimum_tag_count,
+                                                              extensions):
+                ids.append(row_id)
+                md5s.append(md5)
+                exts.append(sys.intern(ext))
+                tag_strings.append(tag_string)
+        except sqlite3.DatabaseError as error:
+            raise DatasetError(file_field(database_path, "posts", f"cannot be read: {error}")) from None
+    finally:
+        connection.close()
+    return Records(database_path, ids, md5s, exts, tag_strings)

@@ -1,0 +1,43 @@
+"""User-facing errors.
+
+Each is raised where the problem is detected, carries one line that names the
+file and the field or row, and is turned into a message and an exit code in
+exactly one place (cli.py).
+"""
+
+
+class UserError(Exception):
+    """A problem with the user's input; printed as one line, exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """project.json is missing, unreadable or holds an invalid value."""
+
+
+class TagsError(UserError):
+    """tags.txt is missing, empty or has duplicates."""
+
+
+class DatasetError(UserError):
+    """The SQLite database or the images folder is unusable."""
+
+
+class ImageError(UserError):
+    """An image cannot be read or decoded."""
+
+
+class ModelError(UserError):
+    """A model name, model file or model shape is unusable."""
+
+
+class TrainingError(UserError):
+    """Training cannot start or cannot go on (empty data, non-finite loss, lock held)."""
+
+
+def file_field(path, field, message):
+    """Format the one-line message every error shares: `FILE: FIELD: message`."""
+    if field:
+        return f"{path}: {field}: {message}"
+    return f"{path}: {message}"

@@ -1,0 +1,1 @@
+"""Read-only checks before training. Standard library only."""

@@ -1,0 +1,1 @@
+"""Project directory: configuration, tags and paths. Standard library only."""

@@ -1,0 +1,395 @@
+"""project.json: defaults, parsing and validation into one frozen ProjectConfig.
+
+Nothing downstream reads raw JSON or re-checks values: they take a ProjectConfig.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import warnings
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from deepdanbooru.errors import ConfigError, file_field
+
+PROJECT_FILE = "project.json"
+
+MODEL_NAMES = (
+    "resnet_152",
+    "resnet_custom_v1",
+    "resnet_custom_v2",
+    "resnet_custom_v3",
+    "resnet_custom_v4",
+    "resnet_small",
+)
+LOSS_NAMES = ("binary_crossentropy", "focal_loss")
+OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
+DEEPDANBOORU_EXTENSIONS = ("png", "jpg", "jpeg")
+IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "gif", "webp", "bmp")
+BEST_MODEL_METRICS = ("macro_f1", "micro_f1", "map", "mcc", "loss")
+
+# Pillow's own decompression-bomb limit: about a 9,500 x 9,500 image.
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+
+
+class _Invalid(Exception):
+    """A value failed a check; the loader adds the file and key."""
+
+
+# --- value checkers: each takes the raw JSON value and returns the typed one ---
+
+
+def _int(minimum: int | None = None) -> Callable[[Any], int]:
+    def check(value):
+        # bool is a subclass of int in Python, but `true` is not a count.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(f"must be an integer, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            raise _Invalid(f"must be >= {minimum}, got {value}")
+        return value
+
+    return check
+
+
+def _float(
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+) -> Callable[[Any], float]:
+    def check(value):
+        number = _number(value)
+        if minimum is not None:
+            if exclusive_minimum and number <= minimum:
+                raise _Invalid(f"must be > {minimum}, got {_show(value)}")
+            if not exclusive_minimum and number < minimum:
+                raise _Invalid(f"must be >= {minimum}, got {_show(value)}")
+        if maximum is not None and number > maximum:
+            raise _Invalid(f"must be <= {maximum}, got {_show(value)}")
+        return number
+
+    return check
+
+
+def _number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Invalid(f"must be a number, got {_show(value)}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise _Invalid(f"must be a finite number, got {_show(value)}")
+    return number
+
+
+def _bool(value) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"must be true or false, got {_show(value)}")
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value):
+        if not isinstance(value, str):
+            raise _Invalid(f"must be a string, got {_show(value)}")
+        if value not in options:
+            hint = _did_you_mean(value, options)
+            raise _Invalid(f"must be one of {', '.join(options)}, got {_show(value)}{hint}")
+        return value
+
+    return check
+
+
+def _optional_path(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a string path or null, got {_show(value)}")
+    if not value.strip():
+        raise _Invalid("must not be an empty string (use null for none)")
+    return value
+
+
+def _optional_float(**limits) -> Callable[[Any], float | None]:
+    inner = _float(**limits)
+
+    def check(value):
+        return None if value is None else inner(value)
+
+    return check
+
+
+def _range(positive: bool = False) -> Callable[[Any], tuple[float, float] | None]:
+    """[lo, hi] with lo <= hi; null or [] disables."""
+
+    def check(value):
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise _Invalid(f"must be a [low, high] list or null, got {_show(value)}")
+        if not value:
+            return None
+        if len(value) != 2:
+            raise _Invalid(f"must have exactly 2 numbers [low, high], got {len(value)}")
+        low, high = (_number(v) for v in value)
+        if low > high:
+            raise _Invalid(f"low must be <= high, got {_show(value)}")
+        if positive and low <= 0:
+            raise _Invalid(f"low must be > 0, got {_show(value)}")
+        return (low, high)
+
+    return check
+
+
+def _extensions(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _Invalid(f"must be a non-empty list of extensions, got {_show(value)}")
+    result = []
+    for item in value:
+        if not isinstance(item, str) or item.lower().lstrip(".") not in IMAGE_EXTENSIONS:
+            raise _Invalid(f"entries must be among {', '.join(IMAGE_EXTENSIONS)}, got {_show(item)}")
+        extension = item.lower().lstrip(".")
+        if extension not in result:
+            result.append(extension)
+    return tuple(result)
+
+
+@dataclass(frozen=True)
+class LearningRateStep:
+    used_epoch: int
+    learning_rate: float
+
+
+def _schedule(value) -> tuple[LearningRateStep, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _Invalid(f"must be a list of {{used_epoch, learning_rate}} objects, got {_show(value)}")
+    steps = []
+    for index, entry in enumerate(value):
+        where = f"entry {index}"
+        if not isinstance(entry, dict):
+            raise _Invalid(f"{where} must be an object with used_epoch and learning_rate, got {_show(entry)}")
+        extra = set(entry) - {"used_epoch", "learning_rate"}
+        if extra:
+            raise _Invalid(f"{where} has unknown key(s) {', '.join(sorted(extra))}")
+        for name in ("used_epoch", "learning_rate"):
+            if name not in entry:
+                raise _Invalid(f"{where} is missing {name}")
+        try:
+            epoch = _int(0)(entry["used_epoch"])
+        except _Invalid as error:
+            raise _Invalid(f"{where}: used_epoch {error}") from None
+        try:
+            rate = _float(0.0, exclusive_minimum=True)(entry["learning_rate"])
+        except _Invalid as error:
+            raise _Invalid(f"{where}: learning_rate {error}") from None
+        steps.append(LearningRateStep(epoch, rate))
+    return tuple(steps)
+
+
+def _show(value) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --- the key table: SPEC section 2 first, in SPEC order, then ours ---
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    default: Any
+    check: Callable[[Any], Any]
+    meaning: str
+    type_name: str
+    valid: str = ""
+    spec: bool = True  # written by create-project in SPEC order
+
+
+KEYS: tuple[Key, ...] = (
+    Key("image_width", 299, _int(1), "model input width", "int", "> 0"),
+    Key("image_height", 299, _int(1), "model input height; input shape is (height, width, 3)", "int", "> 0"),
+    Key("database_path", None, _optional_path,
+        "SQLite path; a relative path is resolved against the project directory", "str or null", "must exist to train"),
+    Key("minimum_tag_count", 20, _int(0), "eligibility threshold on tag_count_general", "int", ">= 0"),
+    Key("model", "resnet_custom_v2", _choice(MODEL_NAMES), "architecture", "str", ", ".join(MODEL_NAMES)),
+    Key("minibatch_size", 32, _int(1), "global batch size", "int", "> 0"),
+    Key("epoch_count", 10, _int(1), "epochs to train", "int", "> 0"),
+    Key("export_model_per_epoch", 10, _int(0),
+        "0: export after every epoch; N: after each completed epoch e with e % N == 0", "int", ">= 0"),
+    Key("checkpoint_frequency_mb", 200, _int(1),
+        "slice length in minibatches; a checkpoint is written after every slice", "int", "> 0"),
+    Key("console_logging_frequency_mb", 10, _int(1), "log a progress line every N minibatches", "int", "> 0"),
+    Key("loss", "binary_crossentropy", _choice(LOSS_NAMES), "loss", "str", ", ".join(LOSS_NAMES)),
+    Key("optimizer", "adam", _choice(OPTIMIZER_NAMES),
+        "optimizer; sgd means momentum 0.9 with Nesterov", "str", ", ".join(OPTIMIZER_NAMES)),
+    Key("learning_rate", 0.001, _float(0.0, exclusive_minimum=True), "base learning rate", "float", "> 0"),
+    Key("learning_rates", None, _schedule,
+        "at the start of epoch e the rate is that of the last entry, in list order, whose used_epoch <= e; "
+        "none matching: learning_rate", "list or absent",
+        "entries {used_epoch: int >= 0, learning_rate: float > 0}"),
+    Key("rotation_range", (0.0, 360.0), _range(), "rotation in degrees; null or [] disables", "[lo, hi] or null", "lo <= hi"),
+    Key("scale_range", (0.9, 1.1), _range(positive=True), "scale factor; null or [] disables", "[lo, hi] or null", "0 < lo <= hi"),
+    Key("shift_range", (-0.1, 0.1), _range(), "shift as a fraction of the target size; null or [] disables",
+        "[lo, hi] or null", "lo <= hi"),
+    Key("mixed_precision", False, _bool, "mixed_float16 compute, loss scaling, float32 output", "bool", "true, false"),
+    # Ours. Every default keeps a DeepDanbooru 1.0 project training as it did.
+    Key("seed", 0, _int(0), "seed of initial weights, shuffling and augmentation", "int", ">= 0", spec=False),
+    Key("image_extensions", DEEPDANBOORU_EXTENSIONS, _extensions,
+        "file_ext values eligible for training", "list of str", ", ".join(IMAGE_EXTENSIONS), spec=False),
+    Key("max_bad_image_fraction", 0.01, _float(0.0, 1.0),
+        "training stops when the fraction of unreadable images seen in an epoch passes this", "float", "0 to 1",
+        spec=False),
+    Key("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS, _int(1),
+        "an image whose header declares more pixels is a bad image and is never decoded", "int", "> 0", spec=False),
+    Key("validation_fraction", 0.0, _float(0.0, 0.5),
+        "share of eligible records held out for validation, chosen from the post id", "float", "0 to 0.5",
+        spec=False),
+    Key("validation_frequency_slices", 5, _int(0),
+        "validate after every N slices (0: only at epoch ends)", "int", ">= 0", spec=False),
+    Key("validation_threshold", 0.5, _float(0.0, 1.0), "working threshold for validation metrics", "float",
+        "0 to 1", spec=False),
+    Key("best_model_metric", "macro_f1", _choice(BEST_MODEL_METRICS),
+        "validation metric that picks model-<model>.best.keras (loss: lower is better)", "str",
+        ", ".join(BEST_MODEL_METRICS), spec=False),
+    Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
+        "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
+)
+KEY_BY_NAME = {key.name: key for key in KEYS}
+
+# What create-project writes: SPEC keys in SPEC order plus the ones of ours a new
+# project should see. learning_rates is absent by default (SPEC).
+NEW_PROJECT_OVERRIDES = {"validation_fraction": 0.05}
+
+
+@dataclass(frozen=True)
+class ProjectConfig:
+    project_dir: Path
+    image_width: int
+    image_height: int
+    database_path: Path | None
+    minimum_tag_count: int
+    model: str
+    minibatch_size: int
+    epoch_count: int
+    export_model_per_epoch: int
+    checkpoint_frequency_mb: int
+    console_logging_frequency_mb: int
+    loss: str
+    optimizer: str
+    learning_rate: float
+    learning_rates: tuple[LearningRateStep, ...] | None
+    rotation_range: tuple[float, float] | None
+    scale_range: tuple[float, float] | None
+    shift_range: tuple[float, float] | None
+    mixed_precision: bool
+    seed: int
+    image_extensions: tuple[str, ...]
+    max_bad_image_fraction: float
+    max_image_pixels: int
+    validation_fraction: float
+    validation_frequency_slices: int
+    validation_threshold: float
+    best_model_metric: str
+    gradient_clip_norm: float | None
+    unknown_keys: tuple[str, ...] = field(default=())
+
+    @property
+    def config_path(self) -> Path:
+        return self.project_dir / PROJECT_FILE
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.image_height, self.image_width, 3)
+
+    def learning_rate_for_epoch(self, epoch: int) -> float:
+        rate = self.learning_rate
+        for step in self.learning_rates or ():
+            if step.used_epoch <= epoch:
+                rate = step.learning_rate
+        return rate
+
+    def require_database(self) -> Path:
+        """The database path, checked to exist (training and preflight need it)."""
+        if self.database_path is None:
+            raise ConfigError(file_field(self.config_path, "database_path",
+                                         "is null; set it to the SQLite file of your dataset"))
+        if not self.database_path.is_file():
+            raise ConfigError(file_field(self.config_path, "database_path",
+                                         f"file not found: {self.database_path}"))
+        return self.database_path
+
+
+assert [k.name for k in KEYS] == [f.name for f in fields(ProjectConfig)][1:-1]
+
+
+def parse_config(raw: Any, project_dir: Path, source: Path | None = None) -> ProjectConfig:
+    """Validate a decoded project.json object."""
+    source = source or project_dir / PROJECT_FILE
+    if not isinstance(raw, dict):
+        raise ConfigError(file_field(source, None, f"must hold a JSON object, got {type(raw).__name__}"))
+    values: dict[str, Any] = {}
+    for key in KEYS:
+        if key.name not in raw:
+            values[key.name] = key.default
+            continue
+        try:
+            values[key.name] = key.check(raw[key.name])
+        except _Invalid as error:
+            raise ConfigError(file_field(source, key.name, str(error))) from None
+    unknown = tuple(sorted(name for name in raw if name not in KEY_BY_NAME))
+    for name in unknown:
+        warnings.warn(f"{source}: unknown key {name!r} is ignored{_did_you_mean(name, KEY_BY_NAME)}",
+                      UserWarning, stacklevel=2)
+    database = values["database_path"]
+    if database is not None:
+        database = Path(database).expanduser()
+        if not database.is_absolute():
+            database = project_dir / database
+    values["database_path"] = database
+    return ProjectConfig(project_dir=project_dir, unknown_keys=unknown, **values)
+
+
+def load_config(project_dir) -> ProjectConfig:
+    """Read PROJECT/project.json into a ProjectConfig, or raise ConfigError naming file and key."""
+    project_dir = Path(project_dir)
+    source = project_dir / PROJECT_FILE
+    if not project_dir.is_dir():
+        raise ConfigError(f"{project_dir}: project directory not found")
+    if not source.is_file():
+        raise ConfigError(file_field(source, None, "not found; create it with `deepdanbooru create-project`"))
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(file_field(source, None, f"cannot be read: {error}")) from None
+    try:
+        # DeepDanbooru never wrote NaN/Infinity; JSON does not allow them either.
+        raw = json.loads(text, parse_constant=_reject_constant)
+    except _Invalid as error:
+        raise ConfigError(file_field(source, None, str(error))) from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(file_field(source, None,
+                                     f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}")) from None
+    return parse_config(raw, project_dir, source)
+
+
+def _reject_constant(name):
+    raise _Invalid(f"{name} is not a valid value (numbers must be finite)")
+
+
+def default_project_json() -> dict[str, Any]:
+    """The JSON object create-project writes: SPEC keys in SPEC order, then ours a new project should set."""
+    data = {}
+    for key in KEYS:
+        if key.spec and key.name != "learning_rates":
+            data[key.name] = list(key.default) if isinstance(key.default, tuple) else key.default
+    data.update(NEW_PROJECT_OVERRIDES)
+    return data

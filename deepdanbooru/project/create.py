@@ -1,0 +1,45 @@
+"""create-project: a new project directory with the default project.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from deepdanbooru.errors import ConfigError, file_field
+from deepdanbooru.project.config import default_project_json
+from deepdanbooru.project.paths import ProjectPaths
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write beside the target and rename, so a reader never sees half a file."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def create_project(project_path, force: bool = False, echo=print) -> Path:
+    paths = ProjectPaths(project_path)
+    if paths.root.exists() and not paths.root.is_dir():
+        raise ConfigError(f"{paths.root}: exists and is not a directory")
+    if paths.config.exists() and not force:
+        raise ConfigError(file_field(paths.config, None, "already exists; use --force to overwrite it"))
+    paths.root.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(paths.config, json.dumps(default_project_json(), indent=4) + "\n")
+    echo(f"Created {paths.config}")
+    echo("Next steps:")
+    echo(f"  1. put your output vocabulary in {paths.tags} (one tag a line)")
+    echo(f"  2. set database_path in {paths.config} to your dataset's SQLite file")
+    echo(f"  3. deepdanbooru preflight {paths.root}")
+    echo(f"  4. deepdanbooru train-project {paths.root}")
+    return paths.config

@@ -1,0 +1,48 @@
+"""tags.txt: the output vocabulary, one tag a line, order = output index."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from deepdanbooru.errors import TagsError, file_field
+
+TAGS_FILE = "tags.txt"
+
+
+def parse_tags(text: str, source) -> list[str]:
+    """Strip each line, skip blanks; empty or duplicated vocabularies are errors."""
+    tags: list[str] = []
+    first_line: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        tag = line.strip()
+        if not tag:
+            continue
+        if any(ch.isspace() for ch in tag):
+            raise TagsError(file_field(source, f"line {number}",
+                                       f"tag {tag!r} contains whitespace; tags in tag_string are space-separated"))
+        if tag in first_line:
+            raise TagsError(file_field(source, f"line {number}",
+                                       f"duplicate tag {tag!r} (first on line {first_line[tag]}); "
+                                       "two outputs would alias"))
+        first_line[tag] = number
+        tags.append(tag)
+    if not tags:
+        raise TagsError(file_field(source, None, "holds no tags"))
+    return tags
+
+
+def load_tags(path) -> list[str]:
+    path = Path(path)
+    if not path.is_file():
+        raise TagsError(file_field(path, None, "not found"))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TagsError(file_field(path, None, f"cannot be read: {error}")) from None
+    return parse_tags(text, path)
+
+
+def tags_hash(tags) -> str:
+    """SHA-256 of the vocabulary as the model sees it (order matters; blank lines do not)."""
+    return hashlib.sha256("\n".join(tags).encode("utf-8")).hexdigest()

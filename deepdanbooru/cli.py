@@ -58,6 +58,25 @@ def create_project(project_path, force):
     create(project_path, force=force, echo=click.echo)
 
 
+@main.command("make-sample-dataset")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--count", default=200, show_default=True, type=click.IntRange(min=1), help="Number of posts.")
+@click.option("--size", default=64, show_default=True, type=click.IntRange(min=16), help="Image side in pixels.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Same seed, same files.")
+@click.option("--format", "image_format", default="jpg", show_default=True,
+              type=click.Choice(["jpg", "png", "webp", "gif", "bmp"]), help="Image file format.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing dataset.sqlite and tags.txt.")
+def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
+    """Write a synthetic DeepDanbooru-layout dataset (SQLite + images + tags.txt) to DIRECTORY."""
+    from deepdanbooru.sample.generator import generate_sample_dataset
+
+    database, tags = generate_sample_dataset(directory, count=count, size=size, seed=seed,
+                                             image_format=image_format, overwrite=overwrite)
+    click.echo(f"Wrote {count} posts with {len(tags)} tags: {database}")
+    click.echo(f"Vocabulary: {database.parent / 'tags.txt'}")
+    click.echo(f"Use it in a project: set database_path to {database.resolve()} and copy tags.txt beside project.json")
+
+
 def run():
     main(prog_name="deepdanbooru")
 

@@ -1,0 +1,148 @@
+"""The architectures as data, plus what can be known about them without building.
+
+STANDARD LIBRARY ONLY: preflight and the CLI use `check_model_input` and
+`parameter_counts` to refuse or size a model before TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from deepdanbooru.errors import ModelError, file_field
+
+# The stem conv and max-pool each halve; every stage after the first halves.
+_STEM_STRIDES = 2
+# resnet_152's head is a 7x7 average pool with padding "valid": anything
+# smaller than 7x7 at the end of the trunk leaves nothing to pool.
+POOL_SIZE = 7
+
+
+@dataclass(frozen=True)
+class Architecture:
+    widths: tuple[int, ...]
+    repeats: tuple[int, ...]
+    # "dense": 7x7 valid average pool, flatten, dense, sigmoid (resnet_152).
+    # "conv": 1x1 conv to n_tags without bias, global average pool, sigmoid.
+    head: str
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "resnet_152": Architecture((256, 512, 1024, 2048), (2, 7, 35, 2), "dense"),
+    "resnet_custom_v1": Architecture((256, 512, 1024, 2048, 4096), (2, 7, 35, 2, 2), "conv"),
+    "resnet_custom_v2": Architecture((256, 512, 1024, 1024, 1024, 2048), (2, 7, 40, 16, 16, 6), "conv"),
+    "resnet_custom_v3": Architecture((256, 512, 1024, 1024, 2048, 4096), (2, 7, 19, 19, 2, 2), "conv"),
+    "resnet_custom_v4": Architecture((256, 512, 1024, 1024, 1024, 2048), (2, 7, 10, 10, 10, 2), "conv"),
+    "resnet_small": Architecture((64, 128, 256, 512), (1, 1, 1, 1), "conv"),
+}
+
+
+def model_names() -> tuple[str, ...]:
+    return tuple(ARCHITECTURES)
+
+
+def get_architecture(name: str, source=None) -> Architecture:
+    """The table row for `name`; an unknown name is a ModelError listing the valid ones."""
+    try:
+        return ARCHITECTURES[name]
+    except (KeyError, TypeError):
+        pass
+    close = difflib.get_close_matches(str(name), list(ARCHITECTURES), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    message = f"unknown model {name!r}{hint}; valid models: {', '.join(ARCHITECTURES)}"
+    raise ModelError(file_field(source, "model", message) if source else message)
+
+
+def _halve(size: int) -> int:
+    # A stride-2 conv or pool with padding "same" gives ceil(size / 2).
+    return -(-size // 2)
+
+
+def final_feature_size(name: str, height: int, width: int) -> tuple[int, int]:
+    """Spatial size of the trunk's last feature map for an input of height x width."""
+    architecture = get_architecture(name)
+    halvings = _STEM_STRIDES + len(architecture.widths) - 1
+    for _ in range(halvings):
+        height, width = _halve(height), _halve(width)
+    return height, width
+
+
+def minimum_input_size(name: str) -> int:
+    """Smallest height (or width) the model accepts."""
+    if get_architecture(name).head != "dense":
+        return 1
+    halvings = _STEM_STRIDES + len(get_architecture(name).widths) - 1
+    return (POOL_SIZE - 1) * 2**halvings + 1
+
+
+def check_model_input(name: str, input_shape, source=None) -> Architecture:
+    """Refuse, before anything is built, a name or an input shape the model cannot take.
+
+    `source` (e.g. the project.json path) prefixes the message so the user
+    knows which file to fix.
+    """
+    architecture = get_architecture(name, source)
+
+    def fail(field, message):
+        raise ModelError(file_field(source, field, message) if source else f"{field}: {message}")
+
+    shape = tuple(input_shape)
+    if len(shape) != 3 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        fail("input_shape", f"must be (height, width, channels) of positive integers, got {shape}")
+    height, width, _ = shape
+    minimum = minimum_input_size(name)
+    if height < minimum or width < minimum:
+        final = final_feature_size(name, height, width)
+        fail(
+            "image_width/image_height",
+            f"{name} needs an input of at least {minimum}x{minimum} (its final feature map must be "
+            f"at least {POOL_SIZE}x{POOL_SIZE} for the {POOL_SIZE}x{POOL_SIZE} average pool); "
+            f"{height}x{width} gives {final[0]}x{final[1]}",
+        )
+    return architecture
+
+
+def parameter_counts(name: str, input_shape, n_tags: int) -> tuple[int, int]:
+    """(trainable, non_trainable) of build_model(name, input_shape, n_tags), computed from the table.
+
+    Batch norm has 2 trainable (gamma, beta) and 2 non-trainable (moving mean,
+    variance) weights per channel; convolutions have no bias.
+    """
+    architecture = check_model_input(name, input_shape)
+    height, width, channels = input_shape
+    trainable = non_trainable = 0
+
+    def conv(kernel, c_in, c_out):
+        nonlocal trainable
+        trainable += kernel * kernel * c_in * c_out
+
+    def batch_norm(c):
+        nonlocal trainable, non_trainable
+        trainable += 2 * c
+        non_trainable += 2 * c
+
+    c_in = architecture.widths[0] // 4
+    conv(7, channels, c_in)
+    batch_norm(c_in)
+    for width_f, repeat in zip(architecture.widths, architecture.repeats):
+        inner = width_f // 4
+        for block in range(repeat + 1):
+            source = c_in if block == 0 else width_f
+            conv(1, source, inner)
+            batch_norm(inner)
+            conv(3, inner, inner)
+            batch_norm(inner)
+            conv(1, inner, width_f)
+            batch_norm(width_f)
+            if block == 0:
+                conv(1, c_in, width_f)
+                batch_norm(width_f)
+        c_in = width_f
+
+    if architecture.head == "dense":
+        final_h, final_w = final_feature_size(name, height, width)
+        pooled = (final_h // POOL_SIZE) * (final_w // POOL_SIZE)
+        trainable += c_in * pooled * n_tags + n_tags
+    else:
+        conv(1, c_in, n_tags)
+    return trainable, non_trainable

@@ -1,0 +1,34 @@
+"""Shared fixtures: a small generated dataset and a project that trains on it."""
+
+import json
+
+import pytest
+
+from deepdanbooru.sample.generator import generate_sample_dataset
+
+
+@pytest.fixture(scope="session")
+def sample_dataset(tmp_path_factory):
+    """(database path, tags) of 24 posts of 32x32 JPEGs. Shared: tests must not modify it."""
+    directory = tmp_path_factory.mktemp("sample_dataset")
+    return generate_sample_dataset(directory, count=24, size=32)
+
+
+@pytest.fixture
+def sample_project(tmp_path, sample_dataset):
+    """A fresh project directory (resnet_small, 32x32) pointing at the shared sample dataset."""
+    database, tags = sample_dataset
+    project = tmp_path / "project"
+    project.mkdir()
+    config = {
+        "image_width": 32,
+        "image_height": 32,
+        "database_path": str(database),
+        "minimum_tag_count": 1,
+        "model": "resnet_small",
+        "minibatch_size": 4,
+        "epoch_count": 1,
+    }
+    (project / "project.json").write_text(json.dumps(config, indent=4) + "\n")
+    (project / "tags.txt").write_text("\n".join(tags) + "\n")
+    return project

@@ -1,0 +1,59 @@
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from deepdanbooru import __version__
+from deepdanbooru.cli import main
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_version_and_help():
+    assert __version__ in run_cli("--version").output
+    result = run_cli("--help")
+    assert result.exit_code == 0 and "create-project" in result.output
+
+
+def test_create_project_writes_defaults_and_refuses_overwrite(tmp_path):
+    project = tmp_path / "p"
+    result = run_cli("create-project", str(project))
+    assert result.exit_code == 0
+    assert "Next steps" in result.output and "train-project" in result.output
+    data = json.loads((project / "project.json").read_text())
+    assert data["model"] == "resnet_custom_v2" and data["validation_fraction"] == 0.05
+    (project / "project.json").write_text('{"model": "resnet_small"}')
+    result = CliRunner().invoke(main, ["create-project", str(project)])
+    assert result.exit_code == 2
+    assert "already exists; use --force" in result.output
+    assert json.loads((project / "project.json").read_text()) == {"model": "resnet_small"}
+    assert run_cli("create-project", "--force", str(project)).exit_code == 0
+    assert json.loads((project / "project.json").read_text())["model"] == "resnet_custom_v2"
+
+
+def test_user_error_is_one_line_without_traceback_unless_debug(tmp_path):
+    (tmp_path / "project.json").write_text("{}")
+    command = [sys.executable, "-m", "deepdanbooru", "create-project", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 2
+    expected = f"error: {tmp_path / 'project.json'}: already exists; use --force to overwrite it"
+    assert result.stderr.strip().splitlines() == [expected]
+    debug = subprocess.run([sys.executable, "-m", "deepdanbooru", "--debug", *command[3:]], capture_output=True, text=True)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_help_and_create_project_do_not_import_tensorflow(tmp_path):
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from deepdanbooru.cli import main\n"
+        "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0, r.output\n"
+        f"r = CliRunner().invoke(main, ['create-project', {str(tmp_path / 'p')!r}]); assert r.exit_code == 0, r.output\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras'))\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

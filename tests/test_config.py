@@ -1,0 +1,212 @@
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+
+from deepdanbooru.errors import ConfigError
+from deepdanbooru.project.config import KEYS, default_project_json, load_config
+
+
+def write(tmp_path: Path, data) -> Path:
+    text = data if isinstance(data, str) else json.dumps(data)
+    (tmp_path / "project.json").write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+# The project.json DeepDanbooru 1.0's create-project wrote (key set and values).
+DEEPDANBOORU_1_0 = {
+    "image_width": 299,
+    "image_height": 299,
+    "database_path": None,
+    "minimum_tag_count": 20,
+    "model": "resnet_custom_v2",
+    "minibatch_size": 32,
+    "epoch_count": 10,
+    "export_model_per_epoch": 10,
+    "checkpoint_frequency_mb": 200,
+    "console_logging_frequency_mb": 10,
+    "optimizer": "adam",
+    "learning_rate": 0.001,
+    "rotation_range": [0.0, 360.0],
+    "scale_range": [0.9, 1.1],
+    "shift_range": [-0.1, 0.1],
+    "mixed_precision": False,
+}
+
+
+def test_deepdanbooru_1_0_project_loads_unchanged(tmp_path):
+    data = dict(DEEPDANBOORU_1_0, database_path="data/posts.sqlite",
+                learning_rates=[{"used_epoch": 0, "learning_rate": 0.01}, {"used_epoch": 5, "learning_rate": 0.001}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = load_config(write(tmp_path, data))
+    assert config.model == "resnet_custom_v2"
+    assert config.input_shape == (299, 299, 3)
+    assert config.rotation_range == (0.0, 360.0)
+    assert config.database_path == tmp_path / "data/posts.sqlite"
+    assert config.validation_fraction == 0.0  # old projects train on everything
+    assert config.seed == 0
+    assert config.image_extensions == ("png", "jpg", "jpeg")
+
+
+def test_empty_object_gives_all_defaults(tmp_path):
+    config = load_config(write(tmp_path, {}))
+    for key in KEYS:
+        assert getattr(config, key.name) == (None if key.name == "database_path" else key.default)
+
+
+def test_absolute_database_path_kept(tmp_path):
+    config = load_config(write(tmp_path, {"database_path": "/data/x.sqlite"}))
+    assert config.database_path == Path("/data/x.sqlite")
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("image_width", True, "image_width: must be an integer, got true"),
+        ("image_width", 299.0, "image_width: must be an integer, got 299.0"),
+        ("image_width", "299", 'image_width: must be an integer, got "299"'),
+        ("image_width", 0, "image_width: must be >= 1, got 0"),
+        ("image_height", -5, "image_height: must be >= 1, got -5"),
+        ("minimum_tag_count", -1, "minimum_tag_count: must be >= 0, got -1"),
+        ("minibatch_size", 0, "minibatch_size: must be >= 1, got 0"),
+        ("epoch_count", 1.5, "epoch_count: must be an integer, got 1.5"),
+        ("export_model_per_epoch", -1, "export_model_per_epoch: must be >= 0"),
+        ("checkpoint_frequency_mb", 0, "checkpoint_frequency_mb: must be >= 1"),
+        ("console_logging_frequency_mb", None, "console_logging_frequency_mb: must be an integer, got null"),
+        ("model", "resnet_custom_v5", "model: must be one of"),
+        ("model", "resnet_smal", "did you mean 'resnet_small'?"),
+        ("model", 3, "model: must be a string, got 3"),
+        ("loss", "mse", "loss: must be one of binary_crossentropy, focal_loss"),
+        ("optimizer", "adamw", "optimizer: must be one of adam, sgd, rmsprop"),
+        ("learning_rate", 0, "learning_rate: must be > 0.0, got 0"),
+        ("learning_rate", "0.1", 'learning_rate: must be a number, got "0.1"'),
+        ("learning_rate", False, "learning_rate: must be a number, got false"),
+        ("learning_rates", {"used_epoch": 1}, "learning_rates: must be a list"),
+        ("learning_rates", [{"used_epoch": 1}], "learning_rates: entry 0 is missing learning_rate"),
+        ("learning_rates", [{"used_epoch": -1, "learning_rate": 0.1}], "entry 0: used_epoch must be >= 0"),
+        ("learning_rates", [{"used_epoch": 1, "learning_rate": 0}], "entry 0: learning_rate must be > 0.0"),
+        ("learning_rates", [{"used_epoch": 1, "learning_rate": 0.1, "x": 1}], "entry 0 has unknown key(s) x"),
+        ("learning_rates", [3], "entry 0 must be an object"),
+        ("rotation_range", [10, 0], "rotation_range: low must be <= high"),
+        ("rotation_range", [0, 1, 2], "rotation_range: must have exactly 2 numbers"),
+        ("rotation_range", "0-360", "rotation_range: must be a [low, high] list or null"),
+        ("scale_range", [0, 1], "scale_range: low must be > 0"),
+        ("scale_range", [0.5, True], "scale_range: must be a number, got true"),
+        ("shift_range", [0.2, -0.2], "shift_range: low must be <= high"),
+        ("mixed_precision", 1, "mixed_precision: must be true or false, got 1"),
+        ("mixed_precision", "true", 'mixed_precision: must be true or false, got "true"'),
+        ("database_path", 5, "database_path: must be a string path or null"),
+        ("database_path", "", "database_path: must not be an empty string"),
+        ("seed", -1, "seed: must be >= 0"),
+        ("image_extensions", ["png", "tiff"], "image_extensions: entries must be among"),
+        ("image_extensions", [], "image_extensions: must be a non-empty list"),
+        ("max_bad_image_fraction", 1.5, "max_bad_image_fraction: must be <= 1.0"),
+        ("max_image_pixels", 0, "max_image_pixels: must be >= 1"),
+        ("validation_fraction", 0.6, "validation_fraction: must be <= 0.5"),
+        ("validation_fraction", -0.1, "validation_fraction: must be >= 0.0"),
+        ("validation_frequency_slices", -1, "validation_frequency_slices: must be >= 0"),
+        ("validation_threshold", 2, "validation_threshold: must be <= 1.0"),
+        ("best_model_metric", "f1", "best_model_metric: must be one of"),
+        ("gradient_clip_norm", 0, "gradient_clip_norm: must be > 0.0"),
+    ],
+)
+def test_bad_values_name_file_key_and_value(tmp_path, key, value, message):
+    write(tmp_path, {key: value})
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    text = str(caught.value)
+    assert text.startswith(f"{tmp_path / 'project.json'}: {key}")
+    assert message in text
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_rejected(tmp_path, constant):
+    write(tmp_path, '{"learning_rate": %s}' % constant)
+    with pytest.raises(ConfigError, match=f"{constant} is not a valid value"):
+        load_config(tmp_path)
+
+
+def test_huge_float_is_not_finite(tmp_path):
+    write(tmp_path, '{"learning_rate": 1e999}')
+    with pytest.raises(ConfigError, match="learning_rate: must be a finite number"):
+        load_config(tmp_path)
+
+
+def test_invalid_json_names_line(tmp_path):
+    write(tmp_path, '{\n  "image_width": 299,\n  "model": }\n')
+    with pytest.raises(ConfigError, match=r"project.json: invalid JSON at line 3"):
+        load_config(tmp_path)
+
+
+def test_not_an_object(tmp_path):
+    write(tmp_path, "[1, 2]")
+    with pytest.raises(ConfigError, match="must hold a JSON object, got list"):
+        load_config(tmp_path)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ConfigError, match="project.json: not found"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="project directory not found"):
+        load_config(tmp_path / "nope")
+
+
+def test_unknown_key_warns_with_closest_known(tmp_path):
+    write(tmp_path, {"minibatch_sise": 8})
+    with pytest.warns(UserWarning, match="unknown key 'minibatch_sise' is ignored \\(did you mean 'minibatch_size'\\?\\)"):
+        config = load_config(tmp_path)
+    assert config.unknown_keys == ("minibatch_sise",)
+    assert config.minibatch_size == 32
+
+
+@pytest.mark.parametrize("value", [None, []])
+def test_ranges_disabled(tmp_path, value):
+    config = load_config(write(tmp_path, {"rotation_range": value, "scale_range": value, "shift_range": value}))
+    assert config.rotation_range is None and config.scale_range is None and config.shift_range is None
+
+
+def test_learning_rate_schedule_uses_last_matching_entry_in_list_order(tmp_path):
+    schedule = [
+        {"used_epoch": 0, "learning_rate": 0.1},
+        {"used_epoch": 3, "learning_rate": 0.01},
+        {"used_epoch": 2, "learning_rate": 0.05},
+    ]
+    config = load_config(write(tmp_path, {"learning_rate": 0.5, "learning_rates": schedule}))
+    # List order, not epoch order: at epoch 3 both later entries match, the last one wins.
+    assert [config.learning_rate_for_epoch(e) for e in range(5)] == [0.1, 0.1, 0.05, 0.05, 0.05]
+    later = load_config(write(tmp_path, {"learning_rate": 0.5, "learning_rates": [{"used_epoch": 2, "learning_rate": 0.2}]}))
+    assert [later.learning_rate_for_epoch(e) for e in range(3)] == [0.5, 0.5, 0.2]
+
+
+def test_integers_accepted_for_floats(tmp_path):
+    config = load_config(write(tmp_path, {"learning_rate": 1, "rotation_range": [0, 90]}))
+    assert config.learning_rate == 1.0 and isinstance(config.learning_rate, float)
+    assert config.rotation_range == (0.0, 90.0)
+
+
+def test_config_is_frozen(tmp_path):
+    config = load_config(write(tmp_path, {}))
+    with pytest.raises(Exception):
+        config.image_width = 3
+
+
+def test_require_database(tmp_path):
+    config = load_config(write(tmp_path, {}))
+    with pytest.raises(ConfigError, match="database_path: is null"):
+        config.require_database()
+    config = load_config(write(tmp_path, {"database_path": "missing.sqlite"}))
+    with pytest.raises(ConfigError, match="database_path: file not found"):
+        config.require_database()
+
+
+def test_default_project_json_roundtrips_in_spec_order(tmp_path):
+    data = default_project_json()
+    assert list(data)[:5] == ["image_width", "image_height", "database_path", "minimum_tag_count", "model"]
+    assert "learning_rates" not in data
+    assert data["validation_fraction"] == 0.05
+    config = load_config(write(tmp_path, data))
+    assert config.validation_fraction == 0.05
+    assert not math.isnan(config.learning_rate)

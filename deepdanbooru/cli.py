@@ -58,6 +58,24 @@ def create_project(project_path, force):
     create(project_path, force=force, echo=click.echo)
 
 
+@main.command("preflight")
+@click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--max-image-checks", default=20, show_default=True, type=click.IntRange(min=0), metavar="N",
+              help="Check the first N eligible images by id; 0 checks all.")
+@click.option("--check-packages", is_flag=True, help="Check installed versions of the runtime packages (no import).")
+@click.option("--probe-imports", is_flag=True, help="Import each runtime package in a child process.")
+@click.option("--probe-tensorflow", is_flag=True,
+              help="Run TensorFlow in a child process: compute on the CPU, decode the sampled images.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+@click.pass_context
+def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, as_json):
+    """Read-only checks of PROJECT_PATH before training. Exit 0: all good, 1: a check failed."""
+    from deepdanbooru.preflight.main import report, training_preflight
+
+    results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow)
+    ctx.exit(report(project_path, results, as_json, echo=click.echo))
+
+
 @main.command("make-sample-dataset")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.option("--count", default=200, show_default=True, type=click.IntRange(min=1), help="Number of posts.")
@@ -75,6 +93,129 @@ def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
     click.echo(f"Wrote {count} posts with {len(tags)} tags: {database}")
     click.echo(f"Vocabulary: {database.parent / 'tags.txt'}")
     click.echo(f"Use it in a project: set database_path to {database.resolve()} and copy tags.txt beside project.json")
+
+
+@main.command("make-training-database")
+@click.argument("source_path", type=click.Path(exists=True, dir_okay=False, path_type=str))
+@click.argument("output_path", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--start-id", default=1, show_default=True, type=int, help="First post id to copy.")
+@click.option("--end-id", default=2**63 - 1, type=int, help="Last post id to copy.  [default: no limit]")
+@click.option("--use-deleted", is_flag=True, help="Also copy posts whose is_deleted is set.")
+@click.option("--chunk-size", default=100_000, show_default=True, type=click.IntRange(min=1),
+              help="Posts read and written per step; bounds memory.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT_PATH.")
+@click.option("--vacuum", is_flag=True, help="Run VACUUM on the output before it is put in place.")
+def make_training_database(source_path, output_path, start_id, end_id, use_deleted, chunk_size, overwrite, vacuum):
+    """Copy posts of SOURCE_PATH into a training database OUTPUT_PATH.
+
+    Appends the system tag rating:general/sensitive/questionable/explicit for
+    rating g/s/q/e, skips deleted posts and posts without a usable md5. The
+    output is written to a temporary file and renamed, so a failed run leaves
+    no half database.
+    """
+    from deepdanbooru.dataset.build import make_training_database as make
+
+    make(source_path, output_path, start_id=start_id, end_id=end_id, use_deleted=use_deleted,
+         chunk_size=chunk_size, overwrite=overwrite, vacuum=vacuum, echo=click.echo,
+         progress=lambda line: click.echo(line, err=True))
+
+
+@main.command("download-tags")
+@click.argument("path", type=click.Path(file_okay=False, path_type=str))
+@click.option("--username", required=True, envvar="DANBOORU_USERNAME", show_envvar=True,
+              help="Danbooru user name.")
+@click.option("--api-key", required=True, envvar="DANBOORU_API_KEY", show_envvar=True,
+              help="Danbooru API key (the environment variable keeps it out of shell history).")
+@click.option("--limit", default=10000, show_default=True, type=click.IntRange(min=1),
+              help="Most tags per category.")
+@click.option("--minimum-post-count", default=500, show_default=True, type=click.IntRange(min=0),
+              help="Least posts a tag needs.")
+@click.option("--overwrite", is_flag=True, help="Replace existing tag files in PATH.")
+@click.option("--base-url", default="https://danbooru.donmai.us", show_default=True, help="Danbooru server.")
+def download_tags(path, username, api_key, limit, minimum_post_count, overwrite, base_url):
+    """Download Danbooru general and character tags into PATH.
+
+    Writes tags-general.txt and tags-character.txt (each in natural name
+    order, as DeepDanbooru does), tags.txt = general + character + the four
+    rating system tags, categories.json and download-tags.log. Nothing is
+    written unless every download succeeds.
+    """
+    from deepdanbooru.dataset.download import download_tags as download
+
+    download(path, username, api_key, limit=limit, minimum_post_count=minimum_post_count, overwrite=overwrite,
+             base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True))
+
+
+@main.command("import-images")
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("dataset", type=click.Path(file_okay=False, path_type=str))
+@click.option("--link", is_flag=True, help="Hard-link images instead of copying them (same file system only).")
+@click.option("--extensions", default="png,jpg,jpeg,gif,webp,bmp", show_default=True,
+              help="Comma-separated image file extensions to pick up.")
+def import_images(src, dataset, link, extensions):
+    """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
+
+    A sidecar IMAGE.txt (or IMAGE.ext.txt) holds comma- or space-separated
+    tags; commas take precedence (then line breaks also separate). Tags are
+    lower-cased, inner spaces become underscores and prompt-style \\( \\)
+    escapes are undone. Writes DATASET/dataset.sqlite (new ids after the
+    largest existing one) and DATASET/images/<md5[0:2]>/<md5>.<ext> named by
+    the real MD5 of the bytes, with file_ext from the detected format.
+    Duplicates (same bytes) and images without tags are skipped and counted;
+    unreadable images are reported and skipped.
+    """
+    from deepdanbooru.tools.import_images import import_images as run_import
+
+    run_import(src, dataset, link=link, extensions=extensions, echo=click.echo,
+               warn=lambda line: click.echo(line, err=True))
+
+
+@main.command("make-tags")
+@click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--min-count", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Least eligible posts a tag must occur in.")
+@click.option("--limit", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Most tags, the most frequent first (0: no limit; rating tags not counted).")
+@click.option("--system-tags/--no-system-tags", default=True, show_default=True,
+              help="Keep rating:* tags found in the data, listed last.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=str),
+              help="Write here instead of PROJECT_PATH/tags.txt.")
+def make_tags(project_path, min_count, limit, system_tags, overwrite, output):
+    """Write tags.txt from the tags of the project's database.
+
+    Counts, for each tag, the eligible posts (file_ext and minimum_tag_count of
+    project.json) it occurs in, and lists tags by descending count, ties by
+    name. rating:* system tags (see make-training-database) are kept by
+    default and put last, in the order general, sensitive, questionable,
+    explicit, as DeepDanbooru's tags.txt has them.
+    """
+    from deepdanbooru.dataset.build import make_tags as make
+
+    make(project_path, min_count=min_count, limit=limit, overwrite=overwrite, output=output,
+         system_tags=system_tags, echo=click.echo)
+
+
+@main.command("show-model")
+@click.argument("name")
+@click.option("--width", default=299, show_default=True, type=click.IntRange(min=1),
+              help="Input width (project.json image_width).")
+@click.option("--height", default=299, show_default=True, type=click.IntRange(min=1),
+              help="Input height (project.json image_height).")
+@click.option("--tags", "n_tags", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Number of output tags (lines of tags.txt).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: trainable, non_trainable, input_shape, output_shape, model, layers.")
+def show_model(name, width, height, n_tags, as_json):
+    """Build model NAME and print its input and output shapes and parameter counts.
+
+    NAME is a project.json `model` value: resnet_152, resnet_custom_v1 to
+    resnet_custom_v4, resnet_small. The defaults are the reference size of
+    the parameter counts in the docs (299x299, 1000 tags).
+    """
+    from deepdanbooru.models.show import show_model as show
+
+    show(name, width=width, height=height, n_tags=n_tags, as_json=as_json, echo=click.echo)
 
 
 def run():

@@ -36,6 +36,10 @@ class TrainingError(UserError):
     """Training cannot start or cannot go on (empty data, non-finite loss, lock held)."""
 
 
+class NetworkError(UserError):
+    """A server could not be reached, refused the credentials or answered something unusable."""
+
+
 def file_field(path, field, message):
     """Format the one-line message every error shares: `FILE: FIELD: message`."""
     if field:

@@ -1,0 +1,338 @@
+"""make-training-database and make-tags. Standard library only.
+
+make-training-database copies a Danbooru-style posts table into a training
+database (rating system tags appended, deleted posts dropped); make-tags
+derives tags.txt from the posts a project will actually train on.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deepdanbooru.dataset.records import (
+    REQUIRED_COLUMNS,
+    check_md5,
+    check_posts_table,
+    connect_read_only,
+    load_records,
+)
+from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
+from deepdanbooru.project.config import load_config
+from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.project.paths import ProjectPaths
+
+RATING_TAGS = {
+    "g": "rating:general",
+    "s": "rating:sensitive",
+    "q": "rating:questionable",
+    "e": "rating:explicit",
+}
+SYSTEM_TAGS = tuple(RATING_TAGS.values())
+SYSTEM_TAG_PREFIX = "rating:"
+
+OPTIONAL_COLUMNS = ("rating", "score", "is_deleted")
+POSTS_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+POSTS_SCHEMA = (
+    "CREATE TABLE posts (id INTEGER NOT NULL PRIMARY KEY, md5 TEXT, file_ext TEXT, tag_string TEXT, "
+    "tag_count_general INTEGER, rating TEXT, score INTEGER, is_deleted INTEGER)"
+)
+INSERT_POST = f"INSERT INTO posts ({', '.join(POSTS_COLUMNS)}) VALUES ({', '.join('?' for _ in POSTS_COLUMNS)})"
+
+# SQLite integers are signed 64-bit; a larger --end-id would not bind.
+MAX_ID = 2**63 - 1
+DEFAULT_CHUNK_SIZE = 100_000
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+# --- make-training-database ---
+
+
+@dataclass
+class CopySummary:
+    copied: int = 0
+    skipped_deleted: int = 0
+    skipped_bad_md5: int = 0
+    first_bad_md5_id: int | None = None
+    unknown_rating: int = 0
+    ratings: Counter = field(default_factory=Counter)
+
+
+def is_deleted_value(value) -> bool:
+    """Dumps store is_deleted as 0/1, as 'true'/'false' text, or leave it NULL."""
+    if value is None:
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "t", "true", "yes", "y")
+    return bool(value)
+
+
+def with_rating_tag(tag_string, rating) -> tuple[str, str | None]:
+    """tag_string plus the rating system tag; an already present one is not added twice."""
+    tags = tag_string if isinstance(tag_string, str) else ("" if tag_string is None else str(tag_string))
+    tag = RATING_TAGS.get(rating.strip().lower()) if isinstance(rating, str) else None
+    if tag is None or tag in tags.split():
+        return tags, tag
+    return (f"{tags.rstrip()} {tag}" if tags.strip() else tag), tag
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """True for the same file under another spelling, through a symlink or a hard link."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _id_is_integer_key(connection) -> bool:
+    """An INTEGER PRIMARY KEY id is unique and always an integer, so the slower checks can be skipped."""
+    info = list(connection.execute("PRAGMA table_info(posts)"))
+    keys = [row for row in info if row[5]]
+    return len(keys) == 1 and keys[0][1] == "id" and (keys[0][2] or "").upper() == "INTEGER"
+
+
+def _check_ids(connection, source, start_id, end_id) -> int:
+    """Refuse duplicate ids (they would collide in the output key); return how many ids are not integers."""
+    duplicate = connection.execute(
+        "SELECT id FROM posts WHERE id >= ? AND id <= ? GROUP BY id HAVING COUNT(*) > 1 ORDER BY id LIMIT 1",
+        (start_id, end_id)).fetchone()
+    if duplicate:
+        raise DatasetError(file_field(source, f"posts row id {duplicate[0]}", "id occurs more than once"))
+    return connection.execute("SELECT COUNT(*) FROM posts WHERE typeof(id) != 'integer'").fetchone()[0]
+
+
+def _remove_quietly(*paths) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _fsync(path) -> None:
+    with open(path, "rb") as stream:
+        os.fsync(stream.fileno())
+
+
+def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_ID, use_deleted: bool = False,
+                           chunk_size: int = DEFAULT_CHUNK_SIZE, overwrite: bool = False, vacuum: bool = False,
+                           echo=print, progress=_stderr) -> CopySummary:
+    """Copy posts with start_id <= id <= end_id from SOURCE into a new OUTPUT database.
+
+    The output is built in a temporary file beside OUTPUT and renamed into place
+    at the end, so a failed or interrupted run leaves no half database (and an
+    old OUTPUT untouched).
+    """
+    source, output = Path(source), Path(output)
+    end_id = min(end_id, MAX_ID)
+    if chunk_size < 1:
+        raise UserError(f"--chunk-size must be >= 1, got {chunk_size}")
+    if start_id > end_id:
+        raise UserError(f"--start-id {start_id} is greater than --end-id {end_id}")
+    if same_file(source, output):
+        raise DatasetError(file_field(output, None, f"is the source database {source}; choose another OUTPUT"))
+    if output.is_dir():
+        raise DatasetError(file_field(output, None, "is a directory; OUTPUT must be a file path"))
+    if output.exists() and not overwrite:
+        raise DatasetError(file_field(output, None, "already exists; use --overwrite to replace it"))
+
+    connection = connect_read_only(source)
+    try:
+        present = check_posts_table(connection, source)
+        missing = [name for name in ("rating", "is_deleted") if name not in present]
+        if "rating" in missing:
+            progress(f"note: {source}: posts has no rating column; no rating system tags are added")
+        if "is_deleted" in missing:
+            progress(f"note: {source}: posts has no is_deleted column; every post counts as not deleted")
+        try:
+            if not _id_is_integer_key(connection):
+                non_integer = _check_ids(connection, source, start_id, end_id)
+                if non_integer:
+                    progress(f"warning: {source}: {non_integer} posts row(s) with a non-integer id are skipped")
+            total = connection.execute("SELECT COUNT(*) FROM posts WHERE id >= ? AND id <= ? "
+                                       "AND typeof(id) = 'integer'", (start_id, end_id)).fetchone()[0]
+        except sqlite3.DatabaseError as error:
+            raise DatasetError(file_field(source, "posts", f"cannot be read: {error}")) from None
+        optional = ", ".join(name if name in present else "NULL" for name in OPTIONAL_COLUMNS)
+        select = (f"SELECT {', '.join(REQUIRED_COLUMNS)}, {optional} FROM posts "
+                  "WHERE id >= ? AND id <= ? AND typeof(id) = 'integer' ORDER BY id LIMIT ?")
+
+        output.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+        os.close(handle)
+        try:
+            summary = _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted,
+                            chunk_size, total, vacuum, progress)
+            _fsync(temporary)
+            os.replace(temporary, output)
+        except BaseException:
+            _remove_quietly(temporary, f"{temporary}-journal")
+            raise
+    finally:
+        connection.close()
+
+    skipped = [f"{summary.skipped_deleted} deleted" if summary.skipped_deleted else "",
+               f"{summary.skipped_bad_md5} with an empty or unsafe md5 (first: id {summary.first_bad_md5_id})"
+               if summary.skipped_bad_md5 else ""]
+    skipped = [text for text in skipped if text]
+    echo(f"Wrote {summary.copied} posts to {output}" + (f" (skipped {', '.join(skipped)})" if skipped else ""))
+    if summary.ratings or summary.unknown_rating:
+        counts = ", ".join(f"{tag} {summary.ratings[tag]}" for tag in SYSTEM_TAGS if summary.ratings[tag])
+        unknown = f"; {summary.unknown_rating} without a g/s/q/e rating" if summary.unknown_rating else ""
+        echo(f"Rating tags: {counts or 'none'}{unknown}")
+    return summary
+
+
+def _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted, chunk_size, total,
+          vacuum, progress) -> CopySummary:
+    summary = CopySummary()
+    target = sqlite3.connect(temporary)
+    try:
+        # The temporary file is thrown away on any failure, so a journal buys nothing.
+        target.execute("PRAGMA journal_mode=OFF")
+        target.execute("PRAGMA synchronous=OFF")
+        target.execute(POSTS_SCHEMA)
+        next_id, read = start_id, 0
+        while next_id <= end_id:
+            try:
+                rows = connection.execute(select, (next_id, end_id, chunk_size)).fetchall()
+            except sqlite3.DatabaseError as error:
+                raise DatasetError(file_field(source, "posts", f"cannot be read: {error}")) from None
+            if not rows:
+                break
+            batch = _convert(rows, source, use_deleted, summary)
+            try:
+                target.executemany(INSERT_POST, batch)
+                target.commit()
+            except sqlite3.DatabaseError as error:
+                raise DatasetError(file_field(output, None, f"cannot be written: {error}")) from None
+            read += len(rows)
+            if total > chunk_size:
+                progress(f"copied {read:,} of {total:,} posts ({100 * read / total:.0f}%), "
+                         f"up to id {rows[-1][0]}")
+            if len(rows) < chunk_size:
+                break
+            next_id = rows[-1][0] + 1
+        if vacuum:
+            progress("vacuum ...")
+            target.execute("VACUUM")
+    finally:
+        target.close()
+    return summary
+
+
+def _convert(rows, source, use_deleted, summary: CopySummary) -> list[tuple]:
+    batch = []
+    for row_id, md5, file_ext, tag_string, tag_count, rating, score, deleted in rows:
+        if not use_deleted and is_deleted_value(deleted):
+            summary.skipped_deleted += 1
+            continue
+        try:
+            check_md5(md5, row_id, source)
+        except DatasetError:
+            # Real dumps hold a few posts with a hidden (NULL) md5; they have no image to train on.
+            summary.skipped_bad_md5 += 1
+            if summary.first_bad_md5_id is None:
+                summary.first_bad_md5_id = row_id
+            continue
+        tag_string, tag = with_rating_tag(tag_string, rating)
+        if tag:
+            summary.ratings[tag] += 1
+        else:
+            summary.unknown_rating += 1
+        deleted_flag = None if deleted is None else int(is_deleted_value(deleted))
+        batch.append((row_id, md5, file_ext, tag_string, tag_count, rating, score, deleted_flag))
+        summary.copied += 1
+    return batch
+
+
+# --- make-tags ---
+
+
+def is_system_tag(tag: str) -> bool:
+    return tag.startswith(SYSTEM_TAG_PREFIX)
+
+
+def _system_order(tag: str) -> int:
+    return SYSTEM_TAGS.index(tag) if tag in SYSTEM_TAGS else len(SYSTEM_TAGS)
+
+
+def count_tags(tag_strings) -> Counter:
+    """Number of posts each tag occurs in (a tag repeated within one post counts once)."""
+    counts: Counter = Counter()
+    for tag_string in tag_strings:
+        counts.update(set(tag_string.split()))
+    return counts
+
+
+def rank_tags(counts: Counter, min_count: int = 1, limit: int = 0, system_tags: bool = True) -> list[str]:
+    """Most frequent first (ties by name), at most `limit` (0: all); rating:* tags last, outside the limit."""
+    regular = sorted((tag for tag, n in counts.items() if n >= min_count and not is_system_tag(tag)),
+                     key=lambda tag: (-counts[tag], tag))
+    if limit:
+        regular = regular[:limit]
+    system = []
+    if system_tags:
+        system = sorted((tag for tag, n in counts.items() if n >= min_count and is_system_tag(tag)),
+                        key=lambda tag: (_system_order(tag), -counts[tag], tag))
+    return regular + system
+
+
+def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool = False, output=None,
+              system_tags: bool = True, echo=print) -> list[str]:
+    """Write tags.txt from the tag frequencies of the project's eligible posts."""
+    if min_count < 1:
+        raise UserError(f"--min-count must be >= 1, got {min_count}")
+    if limit < 0:
+        raise UserError(f"--limit must be >= 0, got {limit}")
+    config = load_config(project_dir)
+    database = config.require_database()
+    target = Path(output) if output else ProjectPaths(project_dir).tags
+    if target.is_dir():
+        raise TagsError(file_field(target, None, "is a directory; give a file path"))
+    if not target.parent.is_dir():
+        raise TagsError(file_field(target, None, f"directory {target.parent} does not exist"))
+    if target.exists() and not overwrite:
+        raise TagsError(file_field(target, None, "already exists; use --overwrite to replace it"))
+
+    records = load_records(database, config.minimum_tag_count, config.image_extensions)
+    if not len(records):
+        raise DatasetError(file_field(database, "posts",
+                                      f"no eligible posts (file_ext in {', '.join(config.image_extensions)} and "
+                                      f"tag_count_general >= {config.minimum_tag_count}, minimum_tag_count in "
+                                      f"{config.config_path})"))
+    counts = count_tags(records.tag_strings)
+    tags = rank_tags(counts, min_count, limit, system_tags)
+    if not tags:
+        raise TagsError(file_field(target, None,
+                                   f"not written: no tag occurs in {min_count} or more of the "
+                                   f"{len(records)} eligible posts of {database}; lower --min-count"))
+    write_text_atomic(target, "".join(f"{tag}\n" for tag in tags))
+
+    total_posts = _count_posts(database)
+    n_system = sum(1 for tag in tags if is_system_tag(tag))
+    echo(f"Wrote {len(tags)} tags ({n_system} rating system tags) to {target}")
+    echo(f"from {len(records)} eligible of {total_posts} posts in {database} "
+         f"(minimum_tag_count {config.minimum_tag_count}); {len(counts)} distinct tags seen")
+    top = [tag for tag in tags if not is_system_tag(tag)][:5]
+    if top:
+        echo("most frequent: " + ", ".join(f"{tag} ({counts[tag]})" for tag in top))
+    return tags
+
+
+def _count_posts(database) -> int:
+    connection = connect_read_only(database)
+    try:
+        return connection.execute("SELECT COUNT(*) FROM posts").fetchone()[0]
+    finally:
+        connection.close()

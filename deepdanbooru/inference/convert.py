@@ -1,0 +1,243 @@
+"""conv2tflite: convert a Keras tagger to TFLite (or ONNX) and prove the copy answers the same.
+
+A converter can succeed and still produce a model that computes something
+else (an unsupported op lowered differently, quantization gone too far), so
+every conversion is followed by running both models on the same inputs and
+comparing their outputs against a tolerance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from deepdanbooru.errors import ModelError, UserError, file_field
+
+FORMATS = ("tflite", "onnx")
+# Float conversions reorder a few float32 operations: differences of ~1e-6 were measured.
+FLOAT_TOLERANCE = 1e-4
+# Dynamic-range quantization stores weights in 8 bits; sigmoid outputs move by
+# up to about 0.1 on the models measured (docs/evaluation.md).
+QUANTIZED_TOLERANCE = 0.15
+SAMPLE_COUNT = 8
+ONNX_OPSET = 17
+
+
+class ConversionMismatch(UserError):
+    """The converted model's outputs differ from Keras' by more than the tolerance."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    path: Path
+    output_format: str
+    size_bytes: int
+    max_abs_difference: float
+    tolerance: float
+    samples: int
+
+
+def choose_format(save_path, output_format=None) -> str:
+    if output_format is not None:
+        return output_format
+    return "onnx" if Path(save_path).suffix.lower() == ".onnx" else "tflite"
+
+
+def default_tolerance(optimize_default: bool) -> float:
+    # Sparsity alone keeps float weights (zeros are only encoded differently), so it is a float conversion.
+    return QUANTIZED_TOLERANCE if optimize_default else FLOAT_TOLERANCE
+
+
+def sample_inputs(height: int, width: int, count: int = SAMPLE_COUNT, seed: int = 0) -> np.ndarray:
+    """Inputs in the model's [0, 1] range: flat greys (the extremes), smooth gradients and noise.
+
+    Noise alone keeps every activation near its mean; gradients and flat
+    fields push activations to the ends where saturation and rounding differ.
+    """
+    rng = np.random.default_rng(seed)
+    images = np.empty((count, height, width, 3), dtype=np.float32)
+    ys = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None, None]
+    xs = np.linspace(0.0, 1.0, width, dtype=np.float32)[None, :, None]
+    for index in range(count):
+        kind = index % 4
+        if kind == 0:
+            images[index] = index / max(count - 1, 1)
+        elif kind == 1:
+            colour = rng.uniform(0, 1, 3).astype(np.float32)
+            images[index] = np.clip(ys * colour + xs * (1 - colour), 0, 1)
+        elif kind == 2:
+            images[index] = rng.uniform(0, 1, (height, width, 3))
+        else:
+            blocks = rng.uniform(0, 1, (4, 4, 3)).astype(np.float32)
+            images[index] = np.kron(blocks, np.ones((-(-height // 4), -(-width // 4), 1)))[:height, :width]
+    return images
+
+
+def _quiet():
+    # The converters print "Saved artifact at ..." banners to stdout, which would
+    # mix with the command's own output.
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def _float32_model(model):
+    """A float32 copy of a mixed-precision model: converters and runtimes do float32 best."""
+    if all(getattr(layer.dtype_policy, "compute_dtype", "float32") == "float32" for layer in model.layers):
+        return model
+    from deepdanbooru.training.precision import with_policy
+
+    return with_policy(model, "float32")
+
+
+def to_tflite(model, optimize_default=False, optimize_sparsity=False) -> bytes:
+    import tensorflow as tf
+
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    optimizations = []
+    if optimize_default:
+        optimizations.append(tf.lite.Optimize.DEFAULT)
+    if optimize_sparsity:
+        optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
+    converter.optimizations = optimizations
+    with _quiet():
+        return converter.convert()
+
+
+def run_tflite(content: bytes, images: np.ndarray) -> np.ndarray:
+    interpreter = _tflite_interpreter(content)
+    source = interpreter.get_input_details()[0]
+    target = interpreter.get_output_details()[0]
+    interpreter.resize_tensor_input(source["index"], list(images.shape))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(source["index"], images.astype(source["dtype"]))
+    interpreter.invoke()
+    return np.array(interpreter.get_tensor(target["index"]), dtype=np.float32)
+
+
+def _tflite_interpreter(content: bytes):
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        import tensorflow as tf
+
+        with warnings.catch_warnings():
+            # tf.lite.Interpreter warns it is deprecated in favour of ai-edge-litert,
+            # which is optional here: same API, same results (TF_NOTES.md).
+            warnings.simplefilter("ignore")
+            return tf.lite.Interpreter(model_content=content)
+    return Interpreter(model_content=content)
+
+
+def onnx_available() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+        import tf2onnx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def to_onnx(model) -> bytes:
+    if not onnx_available():
+        raise ModelError("--format onnx needs the optional packages tf2onnx and onnxruntime: "
+                         "pip install 'deepdanbooru[onnx]'")
+    import tensorflow as tf
+    import tf2onnx
+
+    height, width, channels = model.input_shape[1:]
+    signature = (tf.TensorSpec((None, height, width, channels), tf.float32, name="image"),)
+    with _quiet():
+        proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=ONNX_OPSET)
+    return proto.SerializeToString()
+
+
+def run_onnx(content: bytes, images: np.ndarray) -> np.ndarray:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(content, providers=["CPUExecutionProvider"])
+    return np.array(session.run(None, {session.get_inputs()[0].name: images})[0], dtype=np.float32)
+
+
+def write_bytes_atomic(path: Path, content: bytes) -> None:
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(content)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def convert_model(model, save_path, output_format="tflite", optimize_default=False, optimize_sparsity=False,
+                  tolerance=None, images=None) -> ConversionReport:
+    """Convert, compare with Keras on `images` (default: sample_inputs), then write `save_path`.
+
+    Nothing is written when the outputs differ by more than `tolerance`: a
+    file that looks fine but answers differently is worse than no file.
+    """
+    save_path = Path(save_path)
+    if output_format not in FORMATS:
+        raise ModelError(f"--format: must be one of {', '.join(FORMATS)}, got {output_format!r}")
+    if output_format == "onnx" and (optimize_default or optimize_sparsity):
+        raise ModelError("--optimize-default and --optimize-experimental-sparsity apply to TFLite only")
+    if not save_path.parent.is_dir():
+        raise ModelError(file_field(save_path, None, "folder does not exist"))
+    if save_path.is_dir():
+        raise ModelError(file_field(save_path, None, "is a folder; give a file name"))
+    if tolerance is None:
+        tolerance = default_tolerance(optimize_default)
+    shape = model.input_shape
+    if len(shape) != 4 or None in shape[1:]:
+        raise ModelError(f"the model's input shape {shape} is not (batch, height, width, channels) with a fixed size")
+    model = _float32_model(model)
+    if images is None:
+        images = sample_inputs(shape[1], shape[2])
+    images = np.asarray(images, dtype=np.float32)
+    expected = np.asarray(model(images, training=False), dtype=np.float32)
+
+    if output_format == "tflite":
+        content = to_tflite(model, optimize_default, optimize_sparsity)
+        actual = run_tflite(content, images)
+    else:
+        content = to_onnx(model)
+        actual = run_onnx(content, images)
+
+    if actual.shape != expected.shape:
+        raise ConversionMismatch(f"the converted model answers with shape {actual.shape}, Keras with "
+                                 f"{expected.shape}; nothing written to {save_path}")
+    difference = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
+    if not np.isfinite(difference) or difference > tolerance:
+        raise ConversionMismatch(
+            f"the converted model differs from Keras by up to {difference:.3g} on {len(images)} sample inputs, "
+            f"more than the tolerance {tolerance:g}; nothing written to {save_path} "
+            "(raise --tolerance to accept it)")
+    write_bytes_atomic(save_path, content)
+    return ConversionReport(save_path, output_format, len(content), difference, tolerance, len(images))
+
+
+def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_default=False,
+                optimize_sparsity=False, output_format=None, tolerance=None, echo=print) -> ConversionReport:
+    """The conv2tflite command: resolve the model, convert, verify, write, report."""
+    from deepdanbooru.inference.model_files import resolve_model_source
+    from deepdanbooru.models.files import load_model_file
+
+    model_file = resolve_model_source(project_path, model_path)
+    output_format = choose_format(save_path, output_format)
+    model = load_model_file(model_file)
+    report = convert_model(model, save_path, output_format, optimize_default, optimize_sparsity, tolerance)
+    echo(f"Converted {model_file} to {report.path} ({report.output_format}, {report.size_bytes:,} bytes)")
+    echo(f"Largest absolute difference from Keras on {report.samples} sample inputs: "
+         f"{report.max_abs_difference:.3g} (tolerance {report.tolerance:g})")
+    return report

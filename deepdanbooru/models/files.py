@@ -1,0 +1,58 @@
+"""Opening model files: ours (.keras) and DeepDanbooru 1.0's (.keras, legacy .h5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+
+from deepdanbooru.errors import ModelError, file_field
+
+MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+class _LegacyPolicy:
+    """tf.keras 2.x wrote mixed-precision layers' dtype as class "Policy" (or
+    "PolicyV1" with a loss scale), which Keras 3 no longer knows; its name is
+    all that matters when loading."""
+
+    @classmethod
+    def from_config(cls, config):
+        return keras.DTypePolicy(config["name"])
+
+
+_LEGACY_OBJECTS = {"Policy": _LegacyPolicy, "PolicyV1": _LegacyPolicy}
+
+
+def load_model_file(path) -> keras.Model:
+    """Open a whole-model file without its training configuration.
+
+    DeepDanbooru 1.0 saved compiled models (optimizer, loss, metrics of
+    tf.keras 2.x); compile=False skips all of that, so only the layers and
+    weights have to be understood.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(file_field(path, None, "model file not found"))
+    if path.suffix.lower() not in MODEL_SUFFIXES:
+        raise ModelError(file_field(path, None, f"expected a {' or '.join(MODEL_SUFFIXES)} model file"))
+    try:
+        model = keras.models.load_model(path, compile=False, custom_objects=_LEGACY_OBJECTS)
+    except Exception as error:  # Keras raises anything from OSError to TypeError here.
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {reason}")) from error
+    return _single_input_output(model, path)
+
+
+def _single_input_output(model, path):
+    # Legacy configs list inputs and outputs even when there is one of each,
+    # which Keras 3 turns into list-valued predictions.
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise ModelError(
+            file_field(path, None, f"expected one image input and one output, found "
+                       f"{len(model.inputs)} inputs and {len(model.outputs)} outputs")
+        )
+    if isinstance(model.input, list) or isinstance(model.output, list):
+        model = keras.Model(model.inputs[0], model.outputs[0], name=model.name)
+    return model
+

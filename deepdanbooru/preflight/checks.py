@@ -1,0 +1,339 @@
+"""The project checks of preflight: read-only, standard library only.
+
+Each check takes the shared run state and returns one CheckResult. A check
+that needs something an earlier check could not provide (a valid config, an
+open database) is skipped, not failed twice: the earlier FAIL already names
+the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import warnings
+from collections import Counter
+from pathlib import Path
+
+from deepdanbooru.dataset import records
+from deepdanbooru.errors import UserError
+from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
+from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
+from deepdanbooru.project.config import load_config
+from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.tags import load_tags, tags_hash
+
+DEFAULT_MAX_IMAGE_CHECKS = 20
+SHOWN_PROBLEMS = 3  # a FAIL line names this many bad rows, then counts the rest
+STATE_FILE = "state.json"
+COUNTERS = ("used_epoch", "used_minibatch", "used_sample", "offset", "random_seed")
+
+
+class _Skip(Exception):
+    pass
+
+
+class Run:
+    """What the checks learn and share; filled in check by check."""
+
+    def __init__(self, project, max_image_checks: int = DEFAULT_MAX_IMAGE_CHECKS):
+        self.paths = ProjectPaths(project)
+        self.max_image_checks = max_image_checks
+        self.config = None
+        self.tags = None
+        self.connection: sqlite3.Connection | None = None
+        self.eligible = 0
+        self.sample: list[tuple] = []  # (id, md5, file_ext, tag_string), id order
+        self.image_paths: list[tuple[int, str, object]] = []  # (id, path, ImageInfo) of readable sampled images
+
+    def need(self, what: str):
+        value = getattr(self, what)
+        if value is None:
+            raise _Skip({"config": "needs a valid project.json",
+                         "tags": "needs a valid tags.txt",
+                         "connection": "needs a readable posts table"}[what])
+        return value
+
+    def close(self):
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+
+def run_checks(run: Run, checks) -> list[CheckResult]:
+    results = []
+    for name, check in checks:
+        try:
+            status, detail = check(run)
+        except _Skip as skip:
+            status, detail = SKIP, str(skip)
+        except UserError as error:
+            status, detail = FAIL, str(error)
+        except sqlite3.DatabaseError as error:
+            status, detail = FAIL, f"{run.paths.root}: database error: {error}"
+        results.append(CheckResult(name, status, detail))
+    return results
+
+
+# --- config and tags ------------------------------------------------------------
+
+
+def check_config(run: Run):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.config = load_config(run.paths.root)
+    config = run.config
+    detail = (f"{config.config_path}: model {config.model}, input {config.image_height}x{config.image_width}x3, "
+              f"minibatch {config.minibatch_size}, {config.epoch_count} epoch(s)")
+    notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    if notes:
+        return WARN, detail + "; " + "; ".join(notes)
+    return PASS, detail
+
+
+def check_tags(run: Run):
+    run.tags = load_tags(run.paths.tags)
+    return PASS, f"{run.paths.tags}: {len(run.tags)} tags"
+
+
+def check_paths(run: Run):
+    """validate_project_config --check-paths: the files project.json points at exist."""
+    config = run.need("config")
+    database = config.require_database()
+    records.connect_read_only(database).close()
+    images = database.parent / records.IMAGES_DIR
+    if not images.is_dir():
+        return FAIL, f"{images}: images folder not found beside the database"
+    return PASS, f"database {database} and images folder {images} exist"
+
+
+# --- database -------------------------------------------------------------------
+
+
+def check_database(run: Run):
+    config = run.need("config")
+    database = config.require_database()
+    connection = records.connect_read_only(database)
+    try:
+        columns = records.check_posts_table(connection, database)
+    except (UserError, sqlite3.DatabaseError):
+        connection.close()
+        raise
+    run.connection = connection
+    optional = [c for c in ("rating", "score", "is_deleted") if c not in columns]
+    detail = f"{database}: posts table has {', '.join(records.REQUIRED_COLUMNS)}"
+    if optional:
+        detail += f" (no {', '.join(optional)}: make-training-database will not filter on them)"
+    return PASS, detail
+
+
+def check_eligible(run: Run):
+    config = run.need("config")
+    connection = run.need("connection")
+    extensions = config.image_extensions
+    rule = f"file_ext in ({', '.join(extensions)}) and tag_count_general >= {config.minimum_tag_count}"
+    run.eligible = records.count_eligible(connection, config.minimum_tag_count, extensions)
+    total = connection.execute("SELECT COUNT(*) FROM posts").fetchone()[0]
+    if run.eligible == 0:
+        marks = ", ".join("?" for _ in extensions)
+        with_ext = connection.execute(f"SELECT COUNT(*) FROM posts WHERE file_ext IN ({marks})",
+                                      extensions).fetchone()[0]
+        return FAIL, (f"{config.database_path}: no eligible posts ({rule}): {total:,} posts, "
+                      f"{with_ext:,} with an eligible file_ext, none of them with enough tags; "
+                      "lower minimum_tag_count or widen image_extensions in project.json")
+    limit = run.max_image_checks or None
+    sql, _ = records.eligible_query(extensions)
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    run.sample = connection.execute(sql, (*extensions, config.minimum_tag_count)).fetchall()
+    return PASS, f"{run.eligible:,} eligible posts of {total:,} ({rule})"
+
+
+def _unsafe_row(row_id, md5) -> int:
+    if not isinstance(row_id, int):
+        return 1
+    try:
+        records.check_md5(md5, row_id, "")
+    except UserError:
+        return 1
+    return 0
+
+
+def check_md5(run: Run):
+    """Every eligible row, not just the sample: one unsafe md5 stops training, wherever it is."""
+    config = run.need("config")
+    connection = run.need("connection")
+    if not run.eligible:
+        raise _Skip("no eligible posts")
+    connection.create_function("deepdanbooru_unsafe_row", 2, _unsafe_row, deterministic=True)
+    sql, _ = records.eligible_query(config.image_extensions)
+    assert sql.endswith(" ORDER BY id")
+    sql = (sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT COUNT(*), MIN(id)")
+           .replace(" ORDER BY id", " AND deepdanbooru_unsafe_row(id, md5)"))
+    bad, first = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count)).fetchone()
+    if not bad:
+        return PASS, f"all {run.eligible:,} eligible posts have an integer id and a safe md5 file name"
+    md5 = connection.execute("SELECT md5 FROM posts WHERE id = ?", (first,)).fetchone()
+    try:
+        records.check_md5(md5[0] if md5 else None, first, config.database_path)
+    except UserError as error:
+        reason = str(error)
+    else:
+        reason = f"{config.database_path}: posts id {first!r} is not an integer"
+    return FAIL, f"{bad:,} eligible post(s) unusable; first: {reason}"
+
+
+# --- images ---------------------------------------------------------------------
+
+
+def check_images(run: Run):
+    config = run.need("config")
+    run.need("connection")
+    if not run.sample:
+        raise _Skip("no eligible posts")
+    images = config.database_path.parent / records.IMAGES_DIR
+    if not images.is_dir():
+        return FAIL, f"{images}: images folder not found beside the database"
+    bad, mismatched = [], []
+    formats, sizes = Counter(), set()
+    checked = 0
+    for row_id, md5, ext, _ in run.sample:
+        if _unsafe_row(row_id, md5):
+            continue  # named by the md5 check; never turned into a path
+        checked += 1
+        path = records.image_path(images, md5, ext)
+        try:
+            info = inspect_image(path)
+        except BadImage as error:
+            bad.append(f"id {row_id} {path}: {error.reason}")
+            continue
+        if info.pixels > config.max_image_pixels:
+            bad.append(f"id {row_id} {path}: {too_large(info, config.max_image_pixels)}")
+            continue
+        if str(ext).lower() not in EXTENSIONS[info.format]:
+            mismatched.append(f"id {row_id} {path} holds {info.format.upper()}")
+        formats[info.format] += 1
+        sizes.add((info.width, info.height))
+        run.image_paths.append((row_id, path, info))
+    scope = (f"{checked} of {run.eligible:,} eligible images "
+             f"({'all' if checked == run.eligible else f'the first {checked} by id'})")
+    if bad:
+        return FAIL, f"{len(bad)} of {scope} are unusable: {_first(bad)}"
+    if not checked:
+        raise _Skip("no sampled post has a safe md5")
+    smallest, largest = min(sizes, key=lambda s: s[0] * s[1]), max(sizes, key=lambda s: s[0] * s[1])
+    summary = (f"{scope} read: " + ", ".join(f"{name} {n}" for name, n in sorted(formats.items()))
+               + f"; {smallest[0]}x{smallest[1]}" + ("" if smallest == largest else f" to {largest[0]}x{largest[1]}"))
+    if mismatched:
+        return WARN, summary + f"; {len(mismatched)} whose extension does not match the content: {_first(mismatched)}"
+    return PASS, summary
+
+
+def check_labels(run: Run):
+    tags = set(run.need("tags"))
+    run.need("config")
+    if not run.sample:
+        raise _Skip("no eligible posts")
+    empty = [row[0] for row in run.sample if not tags.intersection((row[3] or "").split())]
+    used = {tag for row in run.sample for tag in (row[3] or "").split()} & tags
+    detail = f"{len(run.sample)} sampled posts use {len(used)} of {len(tags)} tags of tags.txt"
+    if empty:
+        ids = ", ".join(str(i) for i in empty[:SHOWN_PROBLEMS])
+        return WARN, (f"{detail}; {len(empty)} have no tag from tags.txt and train as all-negative "
+                      f"(ids {ids}{', ...' if len(empty) > SHOWN_PROBLEMS else ''})")
+    return PASS, detail
+
+
+def _first(problems: list[str]) -> str:
+    shown = "; ".join(problems[:SHOWN_PROBLEMS])
+    more = len(problems) - SHOWN_PROBLEMS
+    return shown + (f"; and {more} more" if more > 0 else "")
+
+
+# --- training state -------------------------------------------------------------
+
+_LATEST = re.compile(r'^model_checkpoint_path:\s*"(.*)"\s*$', re.MULTILINE)
+
+
+def check_checkpoint(run: Run):
+    directory = run.paths.checkpoints
+    index = directory / "checkpoint"
+    if not index.is_file():
+        return PASS, f"no checkpoint in {directory}: the next train-project starts FRESH"
+    try:
+        match = _LATEST.search(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        return FAIL, f"{index}: cannot be read: {error}"
+    if not match:
+        return FAIL, f"{index}: names no model_checkpoint_path; move {directory} away to start fresh"
+    prefix = Path(match.group(1))
+    if not prefix.is_absolute():
+        prefix = directory / prefix
+    shards = list(prefix.parent.glob(prefix.name + ".data-*"))
+    if not prefix.with_name(prefix.name + ".index").is_file() or not shards:
+        return FAIL, (f"{index}: names {prefix.name}, but its .index or .data files are missing; "
+                      f"the next train-project cannot resume: restore them or move {directory} away to start fresh")
+    detail = f"the next train-project will RESUME from {prefix}"
+    state, problem = _read_state(directory / STATE_FILE)
+    if problem:
+        return WARN, f"{detail}; {problem}"
+    if state is not None:
+        counters = ", ".join(f"{k} {state[k]}" for k in COUNTERS if k in state)
+        if counters:
+            detail += f" ({counters})"
+        mismatch = _mismatch(run, state)
+        if mismatch:
+            return FAIL, (f"{detail}, but the checkpoint was trained for {mismatch}: train-project will refuse "
+                          f"to resume; move {directory} away to start fresh")
+    return PASS, detail
+
+
+def _read_state(path: Path):
+    if not path.is_file():
+        return None, None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return None, f"{path}: cannot be read: {error}"
+    if not isinstance(state, dict):
+        return None, f"{path}: does not hold a JSON object"
+    return state, None
+
+
+def _mismatch(run: Run, state: dict) -> str | None:
+    """What the checkpoint was trained for that the project no longer is, if state.json says."""
+    found = []
+    config = run.config
+    if config is not None:
+        if "model" in state and state["model"] != config.model:
+            found.append(f"model {state['model']} (project.json: {config.model})")
+        shape = state.get("input_shape")
+        if isinstance(shape, list) and tuple(shape) != config.input_shape:
+            found.append(f"input shape {tuple(shape)} (project.json: {config.input_shape})")
+    if run.tags is not None and "tags_hash" in state and state["tags_hash"] != tags_hash(run.tags):
+        found.append("a different tags.txt")
+    return ", ".join(found) or None
+
+
+def check_lock(run: Run):
+    lock = run.paths.lock
+    if lock.exists():
+        return WARN, (f"{lock} exists: a train-project may be running on this project "
+                      "(or one was killed; remove the file if none is running)")
+    return PASS, "no training run holds the project lock"
+
+
+PROJECT_CHECKS = (
+    ("config", check_config),
+    ("tags", check_tags),
+    ("database", check_database),
+    ("eligible", check_eligible),
+    ("md5", check_md5),
+    ("images", check_images),
+    ("labels", check_labels),
+    ("checkpoint", check_checkpoint),
+    ("lock", check_lock),
+)
+
+CONFIG_CHECKS = (("config", check_config),)
+PATH_CHECKS = (("tags", check_tags), ("paths", check_paths))

@@ -1,0 +1,42 @@
+"""Check results and how they are shown: one line each, or one JSON object."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: str  # PASS, WARN, FAIL, or SKIP when a check it needs failed first
+    detail: str
+
+
+def exit_code(results) -> int:
+    return EXIT_FAILED if any(r.status == FAIL for r in results) else EXIT_OK
+
+
+def render_text(results) -> str:
+    width = max((len(r.name) for r in results), default=0)
+    lines = [f"{r.status}  {r.name:<{width}}  {r.detail}" for r in results]
+    failed = [r.name for r in results if r.status == FAIL]
+    warned = [r.name for r in results if r.status == WARN]
+    if failed:
+        lines.append(f"preflight FAILED: {', '.join(failed)}")
+    else:
+        lines.append("preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else ""))
+    return "\n".join(lines)
+
+
+def render_json(project, results) -> str:
+    return json.dumps({
+        "project": str(project),
+        "ok": exit_code(results) == EXIT_OK,
+        "exit_code": exit_code(results),
+        "checks": [asdict(r) for r in results],
+    }, indent=2)

@@ -1,0 +1,327 @@
+"""import-images: a folder of images with .txt tag sidecars -> a DeepDanbooru dataset.
+
+Writes DATASET/dataset.sqlite (table posts) and DATASET/images/<md5[0:2]>/<md5>.<ext>,
+so people with their own pictures can train without any network access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import sqlite3
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image
+
+from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
+from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
+from deepdanbooru.errors import DatasetError, UserError, file_field
+from deepdanbooru.project.config import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS, KEY_BY_NAME
+
+DATABASE_NAME = "dataset.sqlite"
+DEFAULT_EXTENSIONS = IMAGE_EXTENSIONS
+# Pillow format name -> the file_ext the training pipeline expects. MPO is what
+# cameras write: a JPEG whose first frame every JPEG decoder reads.
+FORMAT_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "GIF": "gif", "WEBP": "webp", "BMP": "bmp"}
+RATING_LETTERS = {tag: letter for letter, tag in RATING_TAGS.items()}
+LISTED = 20  # skipped files named one by one before the rest are only counted
+
+
+class _Unreadable(Exception):
+    pass
+
+
+@dataclass
+class ImportSummary:
+    database: Path
+    imported: int = 0
+    first_id: int | None = None
+    last_id: int | None = None
+    duplicates: list[tuple[Path, str]] = field(default_factory=list)  # (path, what it duplicates)
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+    untagged: list[tuple[Path, str]] = field(default_factory=list)
+    few_tags: int = 0
+    wider_formats: int = 0
+
+
+def parse_sidecar(text: str) -> list[str]:
+    """Tags of a captioning/tagging tool's .txt: commas (and then line breaks) separate if present, else whitespace.
+
+    Lower-cased, inner spaces become underscores (Danbooru spelling), `\\(`/`\\)`
+    escapes of prompt tools undone, duplicates dropped, first order kept.
+    """
+    text = text.replace("\\(", "(").replace("\\)", ")")
+    parts = re.split(r"[,\r\n]+", text) if "," in text else text.split()
+    tags: list[str] = []
+    seen: set[str] = set()
+    for part in parts:
+        tag = "_".join(part.lower().split())
+        if tag and tag not in seen:
+            seen.add(tag)
+            tags.append(tag)
+    return tags
+
+
+def parse_extensions(text) -> tuple[str, ...]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    extensions = tuple(dict.fromkeys(item.strip().lower().lstrip(".") for item in items if item.strip()))
+    bad = [ext for ext in extensions if ext not in IMAGE_EXTENSIONS]
+    if bad or not extensions:
+        raise UserError(f"--extensions: {', '.join(bad) or '(empty)'} not supported; "
+                        f"choose from {', '.join(IMAGE_EXTENSIONS)}")
+    return extensions
+
+
+def find_sidecar(image: Path) -> Path | None:
+    for candidate in (image.with_suffix(".txt"), image.with_name(image.name + ".txt")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def detect_format(data: bytes) -> str:
+    """Decode fully (verify() misses truncated pixel data) and return the file_ext of the real format."""
+    try:
+        with warnings.catch_warnings():
+            # Training treats images above the pixel limit as bad; refuse them here already.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                ext = FORMAT_EXTENSIONS.get(image.format)
+                if ext is None:
+                    raise _Unreadable(f"format {image.format} is not supported for training")
+                image.load()
+                return ext
+    except _Unreadable:
+        raise
+    except Exception as error:  # decoders raise OSError, SyntaxError, ValueError, EOFError, bomb errors...
+        raise _Unreadable(str(error) or type(error).__name__) from None
+
+
+def scan(src: Path, extensions, exclude: Path | None) -> list[Path]:
+    """Image files under src with a wanted extension, in a stable order; hidden folders and the dataset skipped."""
+    found = []
+    for directory, folders, files in os.walk(src):
+        folders[:] = sorted(name for name in folders if not name.startswith(".")
+                            and not (exclude is not None and _same(Path(directory, name), exclude)))
+        for name in files:
+            if Path(name).suffix.lower().lstrip(".") in extensions and not name.startswith("."):
+                found.append(Path(directory, name))
+    return sorted(found, key=lambda path: path.relative_to(src).as_posix())
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class _Placer:
+    """Puts image files into images/, remembering what it created so a failure can take it back."""
+
+    def __init__(self, images_dir: Path, link: bool):
+        self.images_dir = images_dir
+        self.link = link
+        self.created_files: list[Path] = []
+        self.created_dirs: list[Path] = []
+
+    def place(self, source: Path, data: bytes, md5: str, ext: str) -> None:
+        target = Path(image_path(self.images_dir, md5, ext))
+        if target.is_file() and target.stat().st_size == len(data):
+            return
+        for directory in (self.images_dir, target.parent):
+            if not directory.is_dir():
+                directory.mkdir()
+                self.created_dirs.append(directory)
+        if self.link:
+            self._link(source, target)
+        else:
+            self._copy(data, target)
+        self.created_files.append(target)
+
+    def _link(self, source: Path, target: Path) -> None:
+        if target.exists():
+            target.unlink()
+        try:
+            os.link(source, target)
+        except OSError as error:
+            raise DatasetError(file_field(source, None, f"cannot be hard-linked into {self.images_dir} ({error}); "
+                                          "images on another file system need a copy: drop --link")) from None
+
+    @staticmethod
+    def _copy(data: bytes, target: Path) -> None:
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+            os.replace(temporary, target)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+
+    def undo(self) -> None:
+        for path in reversed(self.created_files):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        for directory in reversed(self.created_dirs):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+
+
+def _open_existing(database: Path):
+    """Columns to fill, md5s already present and the largest id of an existing dataset database."""
+    connection = sqlite3.connect(database)
+    try:
+        present = check_posts_table(connection, database, REQUIRED_COLUMNS)
+        known = {row[0] for row in connection.execute("SELECT md5 FROM posts") if row[0]}
+        max_id = connection.execute("SELECT MAX(id) FROM posts").fetchone()[0] or 0
+        if not isinstance(max_id, int):
+            raise DatasetError(file_field(database, "posts", f"largest id {max_id!r} is not an integer"))
+    except sqlite3.DatabaseError as error:
+        connection.close()
+        raise DatasetError(file_field(database, None, f"not a readable SQLite database: {error}")) from None
+    except DatasetError:
+        connection.close()
+        raise
+    columns = tuple(name for name in POSTS_COLUMNS if name in present)
+    return connection, columns, known, max_id
+
+
+def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSIONS, echo=print,
+                  warn=print) -> ImportSummary:
+    """Import every image under SRC that has tags into DATASET; returns what was done and skipped."""
+    src, dataset = Path(src), Path(dataset)
+    extensions = parse_extensions(extensions)
+    if not src.is_dir():
+        raise DatasetError(file_field(src, None, "source folder not found"))
+    if dataset.exists() and not dataset.is_dir():
+        raise DatasetError(file_field(dataset, None, "exists and is not a folder"))
+    database = dataset / DATABASE_NAME
+    images = scan(src, extensions, dataset if dataset.exists() else None)
+    if not images:
+        raise DatasetError(file_field(src, None, f"no image files ({', '.join(extensions)}) found"))
+
+    existing = database.exists()
+    if existing:
+        connection, columns, known, max_id = _open_existing(database)
+    else:
+        connection, columns, known, max_id = None, POSTS_COLUMNS, set(), 0
+    summary = ImportSummary(database)
+    dataset.mkdir(parents=True, exist_ok=True)
+    placer = _Placer(dataset / IMAGES_DIR, link)
+    temporary = None
+    try:
+        rows = _collect(images, src, known, max_id, placer, summary)
+        if not rows and not existing:
+            raise DatasetError(file_field(src, None, "no image could be imported "
+                                          f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
+                                          f"unreadable, {len(summary.duplicates)} duplicates)"))
+        if connection is None:
+            handle, temporary = tempfile.mkstemp(prefix=f".{DATABASE_NAME}.", suffix=".tmp", dir=dataset)
+            os.close(handle)
+            connection = sqlite3.connect(temporary)
+            connection.execute(POSTS_SCHEMA)
+        values = [tuple(row[name] for name in columns) for row in rows]
+        marks = ", ".join("?" for _ in columns)
+        try:
+            connection.executemany(f"INSERT INTO posts ({', '.join(columns)}) VALUES ({marks})", values)
+            connection.commit()
+        except sqlite3.DatabaseError as error:
+            raise DatasetError(file_field(database, "posts", f"cannot be written: {error}")) from None
+        connection.close()
+        connection = None
+        if temporary:
+            os.replace(temporary, database)
+            temporary = None
+    except BaseException:
+        if connection is not None:
+            connection.rollback()
+            connection.close()
+        if temporary:
+            for path in (temporary, f"{temporary}-journal"):
+                if os.path.exists(path):
+                    os.unlink(path)
+        placer.undo()
+        raise
+    _report(summary, dataset, echo, warn)
+    return summary
+
+
+def _collect(images, src, known: set, max_id: int, placer: _Placer, summary: ImportSummary) -> list[dict]:
+    rows = []
+    first_path: dict[str, Path] = {}
+    minimum = KEY_BY_NAME["minimum_tag_count"].default
+    for path in images:
+        sidecar = find_sidecar(path)
+        if sidecar is None:
+            summary.untagged.append((path, "no .txt sidecar"))
+            continue
+        try:
+            tags = parse_sidecar(sidecar.read_text(encoding="utf-8-sig"))
+        except (OSError, UnicodeDecodeError) as error:
+            summary.untagged.append((path, f"{sidecar.name} cannot be read: {error}"))
+            continue
+        if not tags:
+            summary.untagged.append((path, f"{sidecar.name} holds no tags"))
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            summary.unreadable.append((path, str(error)))
+            continue
+        md5 = hashlib.md5(data).hexdigest()
+        if md5 in known or md5 in first_path:
+            where = first_path[md5].relative_to(src).as_posix() if md5 in first_path else "the existing dataset"
+            summary.duplicates.append((path, where))
+            continue
+        try:
+            ext = detect_format(data)
+        except _Unreadable as error:
+            summary.unreadable.append((path, str(error)))
+            continue
+        placer.place(path, data, md5, ext)
+        first_path[md5] = path
+        general = [tag for tag in tags if not is_system_tag(tag)]
+        rating = next((RATING_LETTERS[tag] for tag in tags if tag in RATING_LETTERS), None)
+        post_id = max_id + len(rows) + 1
+        rows.append({"id": post_id, "md5": md5, "file_ext": ext, "tag_string": " ".join(tags),
+                     "tag_count_general": len(general), "rating": rating, "score": None, "is_deleted": 0})
+        summary.few_tags += len(general) < minimum
+        summary.wider_formats += ext not in DEEPDANBOORU_EXTENSIONS
+    summary.imported = len(rows)
+    if rows:
+        summary.first_id, summary.last_id = rows[0]["id"], rows[-1]["id"]
+    return rows
+
+
+def _report(summary: ImportSummary, dataset: Path, echo, warn) -> None:
+    for items, line in ((summary.unreadable, "warning: {}: unreadable image skipped: {}"),
+                        (summary.untagged, "warning: {}: skipped: {}"),
+                        (summary.duplicates, "note: {}: same bytes as {}, skipped")):
+        for path, reason in items[:LISTED]:
+            warn(line.format(path, reason))
+        if len(items) > LISTED:
+            warn(f"... and {len(items) - LISTED} more like that")
+    ids = f" (ids {summary.first_id}-{summary.last_id})" if summary.imported else ""
+    echo(f"Imported {summary.imported} images into {summary.database}{ids}")
+    echo(f"Skipped: {len(summary.duplicates)} duplicates, {len(summary.unreadable)} unreadable, "
+         f"{len(summary.untagged)} without tags")
+    minimum = KEY_BY_NAME["minimum_tag_count"].default
+    if summary.few_tags:
+        echo(f"note: {summary.few_tags} imported posts have fewer than {minimum} tags, the default "
+             "minimum_tag_count; lower minimum_tag_count in project.json to train on them")
+    if summary.wider_formats:
+        echo(f"note: {summary.wider_formats} imported images are not png/jpg; add their formats to "
+             "image_extensions in project.json to train on them")
+    echo(f"Next: set database_path in project.json to {dataset / DATABASE_NAME}, "
+         "then run `deepdanbooru make-tags PROJECT`")

@@ -1,0 +1,207 @@
+"""What the trainer tells the outside world, through one small interface.
+
+The loop calls each monitor in list order. Monitors only read: the loop owns
+the counters and decides when to stop. `logs` dicts passed to slice and
+epoch ends are shared by the monitors of one call, Keras-callback style, so a
+validator placed first can add metrics that a history writer placed later
+records.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunInfo:
+    """Fixed for a run; given once to on_train_begin."""
+
+    project: Path
+    model_name: str
+    input_shape: tuple[int, int, int]
+    batch_size: int
+    epoch_count: int
+    train_records: int
+    validation_records: int
+    slice_records: int  # records per slice (the last slice of an epoch may be shorter)
+    slices_per_epoch: int
+    policy: str  # "float32" or "mixed_float16"
+    resumed_from: str | None  # checkpoint path, None for a fresh run
+    start: "Progress"
+    source_model: str | None = None
+    # Live objects for monitors that need them (validation, best-model export); read-only by convention.
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Progress:
+    """Counters as of the last completed step, plus what they mean overall."""
+
+    used_epoch: int
+    used_minibatch: int
+    used_sample: int
+    offset: int
+    random_seed: int
+    epoch_count: int
+    train_records: int
+
+    def fraction(self, position: int | None = None) -> float:
+        """Share of all epochs' records handed to the model, `position` records into the current epoch."""
+        total = self.epoch_count * self.train_records
+        done = self.used_epoch * self.train_records + (self.offset if position is None else position)
+        return min(1.0, done / total) if total else 1.0
+
+
+@dataclass
+class StepLog:
+    """One console line's worth: means since the previous line."""
+
+    progress: Progress
+    loss: float
+    precision: float
+    recall: float
+    f1: float
+    samples_per_second: float
+    eta_seconds: float | None
+    fraction: float
+
+
+class Monitor:
+    """Base class: override the events you need; every method is a no-op here."""
+
+    def on_train_begin(self, run: RunInfo) -> None:
+        pass
+
+    def on_step(self, progress: Progress, position: int) -> None:
+        """After every step, host-side counters only: must stay cheap (no tensor reads).
+
+        `position`: records of the current epoch handed to the model so far (an estimate within a slice).
+        """
+
+    def on_step_log(self, log: StepLog) -> None:
+        pass
+
+    def on_slice_end(self, progress: Progress, checkpoint: str, logs: dict) -> None:
+        pass
+
+    def on_epoch_end(self, progress: Progress, logs: dict) -> None:
+        pass
+
+    def on_export(self, path: Path, kind: str) -> None:
+        """kind: "epoch", "final" or "float32" (the float32 copy of the previous export)."""
+
+    def on_train_end(self, progress: Progress) -> None:
+        pass
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+
+
+class ConsoleMonitor(Monitor):
+    """The plain text a user (or a log file) sees."""
+
+    def __init__(self, echo=print):
+        self.echo = echo
+
+    def on_train_begin(self, run):
+        height, width, _ = run.input_shape
+        self.echo(f"Records: {run.train_records} training, {run.validation_records} validation")
+        source = f" (from {run.source_model})" if run.source_model else ""
+        self.echo(f"Model: {run.model_name}{source}, input {height}x{width}, batch {run.batch_size}, "
+                  f"{run.policy}")
+        self.echo(f"Slices: {run.slices_per_epoch} per epoch of up to {run.slice_records} records, "
+                  f"{run.epoch_count} epoch(s)")
+        start = run.start
+        if run.resumed_from:
+            self.echo(f"Resuming from {run.resumed_from}: used_epoch={start.used_epoch} "
+                      f"used_minibatch={start.used_minibatch} used_sample={start.used_sample} "
+                      f"offset={start.offset} random_seed={start.random_seed}")
+        else:
+            self.echo("Starting fresh (no checkpoint)")
+
+    def on_step_log(self, log):
+        self.echo(f"epoch {log.progress.used_epoch + 1}/{log.progress.epoch_count} "
+                  f"step {log.progress.used_minibatch}: loss {log.loss:.4f} "
+                  f"precision {log.precision:.3f} recall {log.recall:.3f} f1 {log.f1:.3f} "
+                  f"{log.samples_per_second:.1f} samples/s {100 * log.fraction:.1f}% "
+                  f"ETA {format_duration(log.eta_seconds)}")
+
+    def on_slice_end(self, progress, checkpoint, logs):
+        self.echo(f"Checkpoint {checkpoint} (epoch {progress.used_epoch + 1}, offset {progress.offset}/"
+                  f"{progress.train_records})")
+
+    def on_export(self, path, kind):
+        self.echo(f"Exported {path}")
+
+    def on_train_end(self, progress):
+        self.echo(f"Training complete: {progress.used_epoch} epoch(s), {progress.used_minibatch} steps, "
+                  f"{progress.used_sample} samples")
+
+
+class ProgressBarMonitor(Monitor):
+    """A carriage-return bar for terminals; silent when the stream is not a TTY."""
+
+    WIDTH = 30
+    INTERVAL = 0.2  # seconds between redraws; redrawing every step would cost more than it shows
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stdout
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last = 0.0
+        self._shown = False
+        self._run: RunInfo | None = None
+
+    def on_train_begin(self, run):
+        self._run = run
+
+    def on_step(self, progress, position):
+        if not self.enabled or self._run is None:
+            return
+        now = time.monotonic()
+        if now - self._last < self.INTERVAL:
+            return
+        self._last = now
+        fraction = progress.fraction(position)
+        filled = int(self.WIDTH * fraction)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self.stream.write(f"\r[{bar}] {100 * fraction:5.1f}% epoch {progress.used_epoch + 1}/"
+                          f"{progress.epoch_count} record {position}/{progress.train_records}")
+        self.stream.flush()
+        self._shown = True
+
+    def _clear(self):
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+    # Every other event prints a line: clear the bar first so the line starts clean.
+    def on_step_log(self, log):
+        self._clear()
+
+    def on_slice_end(self, progress, checkpoint, logs):
+        self._clear()
+
+    def on_epoch_end(self, progress, logs):
+        self._clear()
+
+    def on_export(self, path, kind):
+        self._clear()
+
+    def on_train_end(self, progress):
+        self._clear()
+
+
+def default_monitors(echo=print, stream=None) -> list[Monitor]:
+    # The bar comes first so it clears its line before the console prints.
+    return [ProgressBarMonitor(stream), ConsoleMonitor(echo)]

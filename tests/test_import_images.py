@@ -1,0 +1,232 @@
+import hashlib
+import io
+import json
+import os
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from deepdanbooru.cli import main
+from deepdanbooru.dataset.records import load_records
+from deepdanbooru.project.tags import load_tags
+from deepdanbooru.tools import import_images as importer
+from deepdanbooru.tools.import_images import parse_sidecar
+
+
+def image_bytes(fmt, color=(200, 30, 30), size=(32, 24), mode="RGB"):
+    buffer = io.BytesIO()
+    Image.new(mode, size, color).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def put(folder, name, data, tags=None, sidecar=None):
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if tags is not None:
+        (sidecar and path.parent / sidecar or path.with_suffix(".txt")).write_text(tags, encoding="utf-8")
+    return path
+
+
+def read_posts(database):
+    connection = sqlite3.connect(database)
+    try:
+        return connection.execute("SELECT id, md5, file_ext, tag_string, tag_count_general, rating, is_deleted "
+                                  "FROM posts ORDER BY id").fetchall()
+    finally:
+        connection.close()
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["import-images", *map(str, args)])
+
+
+def test_parse_sidecar():
+    assert parse_sidecar("1girl, Long Hair,  blue sky\n") == ["1girl", "long_hair", "blue_sky"]
+    assert parse_sidecar("1girl long_hair  smile\n") == ["1girl", "long_hair", "smile"]
+    assert parse_sidecar("a, b\nc d, a") == ["a", "b", "c_d"]
+    assert parse_sidecar("saber \\(fate\\), rating:general") == ["saber_(fate)", "rating:general"]
+    assert parse_sidecar(" \n , ,") == []
+
+
+def test_imports_layout_md5_formats_and_skips(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    jpeg = image_bytes("JPEG")
+    png = image_bytes("PNG", color=(0, 0, 255))
+    disguised = image_bytes("JPEG", color=(0, 255, 0))
+    put(src, "a.jpg", jpeg, "cat, Black Cat")
+    put(src, "sub/b.PNG", png, "dog fluffy_tail rating:general")
+    put(src, "sub/deeper/c.png", disguised, "bird", sidecar="c.png.txt")  # JPEG bytes named .png
+    put(src, "copy_of_a.jpeg", jpeg, "cat")  # same bytes as a.jpg
+    put(src, "untagged.png", png + b"x")
+    put(src, "empty.png", image_bytes("PNG", color=(1, 2, 3)), " , ")
+    put(src, "broken.jpg", jpeg[: len(jpeg) // 2], "cat")
+    put(src, "text.jpg", b"not an image at all", "cat")
+    put(src, "notes.txt", b"ignored: not an image")
+
+    result = invoke(src, dataset)
+    assert result.exit_code == 0, result.output
+    posts = read_posts(dataset / "dataset.sqlite")
+    md5 = {name: hashlib.md5(data).hexdigest() for name, data in
+           (("a", jpeg), ("b", png), ("c", disguised))}
+    assert posts == [
+        (1, md5["a"], "jpg", "cat black_cat", 2, None, 0),
+        (2, md5["b"], "png", "dog fluffy_tail rating:general", 2, "g", 0),
+        (3, md5["c"], "jpg", "bird", 1, None, 0),
+    ]
+    for name, ext in (("a", "jpg"), ("b", "png"), ("c", "jpg")):
+        stored = dataset / "images" / md5[name][:2] / f"{md5[name]}.{ext}"
+        assert hashlib.md5(stored.read_bytes()).hexdigest() == md5[name]
+        assert os.stat(stored).st_nlink == 1  # a copy, not a link
+    assert "Imported 3 images" in result.output and "(ids 1-3)" in result.output
+    assert "Skipped: 1 duplicates, 2 unreadable, 2 without tags" in result.output
+    assert f"{src / 'broken.jpg'}: unreadable image skipped" in result.output
+    assert f"{src / 'text.jpg'}: unreadable image skipped: cannot identify image file" in result.output
+    assert f"{src / 'untagged.png'}: skipped: no .txt sidecar" in result.output
+    assert f"{src / 'empty.png'}: skipped: empty.txt holds no tags" in result.output
+    assert f"{src / 'copy_of_a.jpeg'}: same bytes as a.jpg, skipped" in result.output
+    assert "3 imported posts have fewer than 20 tags" in result.output
+    # Nothing but the database and images/ is left in the dataset folder (no temporary files).
+    assert sorted(os.listdir(dataset)) == ["dataset.sqlite", "images"]
+
+
+def test_second_import_appends_after_max_id_and_skips_known(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "a")
+    assert invoke(src, dataset).exit_code == 0
+    connection = sqlite3.connect(dataset / "dataset.sqlite")
+    connection.execute("INSERT INTO posts (id, md5, file_ext, tag_string, tag_count_general) "
+                       "VALUES (41, 'x', 'jpg', 'y', 1)")
+    connection.commit()
+    connection.close()
+    put(src, "b.png", image_bytes("PNG", color=(9, 9, 9)), "b")
+    result = invoke(src, dataset)
+    assert result.exit_code == 0, result.output
+    assert [(p[0], p[3]) for p in read_posts(dataset / "dataset.sqlite")] == [(1, "a"), (41, "y"), (42, "b")]
+    assert "same bytes as the existing dataset" in result.output
+    assert "Imported 1 images" in result.output and "(ids 42-42)" in result.output
+
+
+def test_append_to_deepdanbooru_database_without_optional_columns(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    dataset.mkdir()
+    connection = sqlite3.connect(dataset / "dataset.sqlite")
+    connection.execute("CREATE TABLE posts (id INTEGER PRIMARY KEY, md5 TEXT, file_ext TEXT, tag_string TEXT, "
+                       "tag_count_general INTEGER)")
+    connection.commit()
+    connection.close()
+    put(src, "a.gif", image_bytes("GIF"), "a b")
+    result = invoke(src, dataset)
+    assert result.exit_code == 0, result.output
+    connection = sqlite3.connect(dataset / "dataset.sqlite")
+    assert connection.execute("SELECT id, file_ext, tag_string, tag_count_general FROM posts").fetchall() == [
+        (1, "gif", "a b", 2)]
+    connection.close()
+    assert "1 imported images are not png/jpg" in result.output
+
+
+def test_link_makes_hard_links(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    path = put(src, "a.webp", image_bytes("WEBP"), "a")
+    result = invoke(src, dataset, "--link")
+    assert result.exit_code == 0, result.output
+    md5 = hashlib.md5(path.read_bytes()).hexdigest()
+    stored = dataset / "images" / md5[:2] / f"{md5}.webp"
+    assert os.path.samefile(stored, path)
+
+
+def test_dataset_inside_src_is_not_scanned(tmp_path):
+    src = tmp_path / "src"
+    put(src, "a.png", image_bytes("PNG"), "a")
+    assert invoke(src, src / "dataset").exit_code == 0
+    put(src, "b.png", image_bytes("PNG", color=(5, 5, 5)), "b")
+    result = invoke(src, src / "dataset")
+    assert result.exit_code == 0, result.output
+    assert "Skipped: 1 duplicates, 0 unreadable, 0 without tags" in result.output
+
+
+def test_extensions_filter(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "a")
+    put(src, "b.jpg", image_bytes("JPEG"), "b")
+    result = invoke(src, dataset, "--extensions", "jpg")
+    assert result.exit_code == 0, result.output
+    assert [p[3] for p in read_posts(dataset / "dataset.sqlite")] == ["b"]
+    result = invoke(src, tmp_path / "d2", "--extensions", "jpg,tiff")
+    assert result.exit_code == 2 and "--extensions: tiff not supported" in result.output
+
+
+def test_nothing_importable_is_an_error_and_writes_nothing(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"))
+    result = invoke(src, dataset)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {src}: no image could be imported (1 without tags, 0 unreadable, 0 duplicates)")
+    assert not (dataset / "dataset.sqlite").exists()
+    assert not (dataset / "images").exists()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = invoke(empty, dataset)
+    assert result.exit_code == 2 and f"error: {empty}: no image files (png, jpg" in result.output
+
+
+def test_failure_midway_takes_back_copied_images(tmp_path, monkeypatch):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    for index in range(3):
+        put(src, f"{index}.png", image_bytes("PNG", color=(index, 0, 0)), f"t{index}")
+    original = importer._Placer.place
+    calls = []
+
+    def place(self, *args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        original(self, *args)
+
+    monkeypatch.setattr(importer._Placer, "place", place)
+    with pytest.raises(KeyboardInterrupt):
+        importer.import_images(src, dataset, echo=lambda line: None, warn=lambda line: None)
+    assert os.listdir(dataset) == []
+
+
+def test_existing_database_with_missing_columns(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "a")
+    dataset.mkdir()
+    connection = sqlite3.connect(dataset / "dataset.sqlite")
+    connection.execute("CREATE TABLE posts (id INTEGER PRIMARY KEY, md5 TEXT)")
+    connection.commit()
+    connection.close()
+    result = invoke(src, dataset)
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: {dataset / 'dataset.sqlite'}: posts: missing column(s): "
+                                     "file_ext, tag_string, tag_count_general")
+    assert not (dataset / "images").exists()
+
+    (dataset / "dataset.sqlite").write_bytes(b"garbage" * 200)
+    result = invoke(src, dataset)
+    assert result.exit_code == 2 and "not a readable SQLite database" in result.output
+
+
+def test_import_then_make_tags_round_trip(tmp_path):
+    src, dataset, project = tmp_path / "src", tmp_path / "dataset", tmp_path / "project"
+    captions = ["cat, indoors", "cat, outdoors, sky", "dog outdoors", "cat sky rating:explicit"]
+    for index, caption in enumerate(captions):
+        put(src, f"{index}.jpg", image_bytes("JPEG", color=(40 * index, 0, 0)), caption)
+    assert invoke(src, dataset).exit_code == 0
+    assert CliRunner().invoke(main, ["create-project", str(project)]).exit_code == 0
+    config = json.loads((project / "project.json").read_text())
+    config.update(database_path=str(dataset / "dataset.sqlite"), minimum_tag_count=1)
+    (project / "project.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["make-tags", str(project)])
+    assert result.exit_code == 0, result.output
+    assert load_tags(project / "tags.txt") == ["cat", "outdoors", "sky", "dog", "indoors", "rating:explicit"]
+    records = load_records(dataset / "dataset.sqlite", 1)
+    assert len(records) == 4
+    for path in records.paths():
+        with Image.open(path) as image:
+            assert image.format == "JPEG"

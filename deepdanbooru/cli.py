@@ -15,6 +15,7 @@ import click
 
 from deepdanbooru import __version__
 from deepdanbooru.errors import UserError
+from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
 
 
 class _Group(click.Group):
@@ -56,6 +57,21 @@ def create_project(project_path, force):
     from deepdanbooru.project.create import create_project as create
 
     create(project_path, force=force, echo=click.echo)
+
+
+@main.command("train-project")
+@click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--source-model", type=click.Path(dir_okay=False, path_type=str),
+              help="Start from this .keras/.h5 model's structure and weights; a checkpoint, if any, is "
+                   "restored on top.")
+@click.option("--force-mixed-precision", is_flag=True,
+              help="With mixed_precision true, train in float16 even without a GPU (very slow on CPUs; "
+                   "also DEEPDANBOORU_FORCE_MIXED_PRECISION=1).")
+def train_project(project_path, source_model, force_mixed_precision):
+    """Train PROJECT_PATH, resuming from its latest checkpoint if there is one."""
+    from deepdanbooru.training.train import train_project as train
+
+    train(project_path, source_model=source_model, force_mixed_precision=force_mixed_precision, echo=click.echo)
 
 
 @main.command("preflight")
@@ -216,6 +232,137 @@ def show_model(name, width, height, n_tags, as_json):
     from deepdanbooru.models.show import show_model as show
 
     show(name, width=width, height=height, n_tags=n_tags, as_json=as_json, echo=click.echo)
+
+
+def _model_source_options(command):
+    command = click.option("--tags-path", type=click.Path(dir_okay=False, path_type=str),
+                           help="tags.txt of the model given with --model-path.")(command)
+    command = click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
+                           help="A .keras (or DeepDanbooru .h5) model file instead of the project's export.")(command)
+    command = click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
+                           help="Project whose final export (model-<model>.keras, else .h5) and tags.txt are used.")(command)
+    return command
+
+
+_THRESHOLD = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0),
+                          help="Report tags whose score is at least this.")
+_THRESHOLDS_CSV = click.option("--thresholds-csv", type=click.Path(dir_okay=False, exists=True, path_type=str),
+                               help="Per-tag thresholds (a *.thresholds.csv written by training); "
+                                    "tags it does not list use --threshold.")
+_ALLOW_GPU = click.option("--allow-gpu/--no-allow-gpu", default=False, show_default=True,
+                          help="Use a GPU if one is visible (by default GPUs are hidden, as in DeepDanbooru).")
+_BATCH_SIZE = click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
+                           help="Images per model call.")
+_FORMAT = click.option("--format", "output_format", default="text", show_default=True,
+                       type=click.Choice(["text", "json", "csv"]),
+                       help="text: DeepDanbooru's layout; json: one JSON object per image and line; "
+                            "csv: path,tag,score rows.")
+
+
+def _exit_if_skipped(summary):
+    if summary.skipped:
+        # Exit code 1: the run finished but not every image was tagged (2 is a usage/input error).
+        click.get_current_context().exit(1)
+
+
+@main.command("evaluate")
+@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=str))
+@_model_source_options
+@_THRESHOLD
+@_THRESHOLDS_CSV
+@click.option("--allow-folder", is_flag=True, help="Accept folders as TARGETS and tag the images in them, recursively.")
+@click.option("--folder-filters", default=DEFAULT_FOLDER_FILTERS, show_default=True,
+              help="Comma-separated file-name patterns for the images in folders.")
+@click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2').")
+@_ALLOW_GPU
+@click.option("--compile/--no-compile", "compile_model", default=True, show_default=True,
+              help="Run the model as a traced TensorFlow graph (--no-compile: eagerly, slower; for debugging).")
+@click.option("--verbose", is_flag=True, help="Print the model used, progress and throughput on stderr.")
+@_FORMAT
+@_BATCH_SIZE
+def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds_csv, allow_folder,
+             folder_filters, save_txt, allow_gpu, compile_model, verbose, output_format, batch_size):
+    """Tag the images TARGETS (files, or folders with --allow-folder).
+
+    Images that cannot be read are named on stderr and skipped; the exit code
+    is then 1 (0: every image tagged; 2: bad options or input).
+    """
+    from deepdanbooru.inference.evaluate import evaluate as run_evaluate
+
+    summary = run_evaluate(targets, project_path=project_path, model_path=model_path, tags_path=tags_path,
+                           threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
+                           folder_filters=folder_filters, save_txt=save_txt, allow_gpu=allow_gpu,
+                           compile_model=compile_model, verbose=verbose, output_format=output_format,
+                           batch_size=batch_size, echo=click.echo)
+    _exit_if_skipped(summary)
+
+
+@main.command("evaluate-project")
+@click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
+@click.argument("target", type=click.Path(path_type=str))
+@_THRESHOLD
+@_THRESHOLDS_CSV
+@_ALLOW_GPU
+@_FORMAT
+@_BATCH_SIZE
+def evaluate_project(project_path, target, threshold, thresholds_csv, allow_gpu, output_format, batch_size):
+    """Tag TARGET (an image, or a folder searched recursively) with PROJECT_PATH's model.
+
+    Same as `evaluate TARGET --project-path PROJECT_PATH --allow-folder`; exit code 1 when an image was skipped.
+    """
+    from deepdanbooru.inference.evaluate import evaluate as run_evaluate
+
+    summary = run_evaluate([target], project_path=project_path, threshold=threshold, thresholds_csv=thresholds_csv,
+                           allow_folder=True, allow_gpu=allow_gpu, output_format=output_format,
+                           batch_size=batch_size, echo=click.echo)
+    _exit_if_skipped(summary)
+
+
+@main.command("grad-cam")
+@click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
+@click.argument("target", type=click.Path(path_type=str))
+@click.argument("output", default=".", required=False, type=click.Path(file_okay=False, path_type=str))
+@_THRESHOLD
+@_ALLOW_GPU
+def grad_cam(project_path, target, output, threshold, allow_gpu):
+    """Explain each predicted tag of TARGET (an image or a folder) with PNG maps under OUTPUT/<image name>/.
+
+    Per tag: <tag>.gradcam.png (Grad-CAM of the last convolutional stage over
+    the image), <tag>.saliency.png (input-gradient map, DeepDanbooru's
+    "grad-cam") and <tag>.masked.png (the image weighted by that map).
+    """
+    from deepdanbooru.inference.gradcam import grad_cam_command
+
+    summary = grad_cam_command(project_path, target, output, threshold=threshold, allow_gpu=allow_gpu,
+                               echo=click.echo)
+    _exit_if_skipped(summary)
+
+
+@main.command("conv2tflite")
+@click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
+              help="Convert the project's final export.")
+@click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
+              help="Convert this .keras (or .h5) file instead.")
+@click.option("--save-path", required=True, type=click.Path(dir_okay=False, path_type=str),
+              help="Output file (written only after the comparison passed).")
+@click.option("--optimize-default", is_flag=True,
+              help="TFLite Optimize.DEFAULT: 8-bit weights (about 4x smaller; larger differences).")
+@click.option("--optimize-experimental-sparsity", is_flag=True, help="TFLite Optimize.EXPERIMENTAL_SPARSITY.")
+@click.option("--format", "output_format", type=click.Choice(["tflite", "onnx"]),
+              help="Default: onnx when --save-path ends in .onnx, else tflite. ONNX needs deepdanbooru[onnx].")
+@click.option("--tolerance", type=click.FloatRange(min=0.0),
+              help="Largest accepted output difference from Keras [default: 1e-4; 0.15 with --optimize-default].")
+def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_experimental_sparsity,
+                output_format, tolerance):
+    """Convert a model to TFLite (or ONNX), then check it against Keras on sample inputs.
+
+    Exit code 1 (and no file written) when the outputs differ by more than --tolerance.
+    """
+    from deepdanbooru.inference.convert import conv2tflite as convert
+
+    convert(project_path=project_path, model_path=model_path, save_path=save_path,
+            optimize_default=optimize_default, optimize_sparsity=optimize_experimental_sparsity,
+            output_format=output_format, tolerance=tolerance, echo=click.echo)
 
 
 def run():

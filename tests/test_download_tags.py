@@ -1,5 +1,6 @@
 import base64
 import json
+import socket
 import threading
 import time
 import urllib.parse
@@ -158,7 +159,8 @@ def test_transient_500_is_retried_with_backoff(server, tmp_path, no_real_sleep):
     result = invoke(server, tmp_path, "--limit", 3)
     assert result.exit_code == 0, result.output
     assert no_real_sleep == [1.0, 2.0]
-    assert "HTTP 500" in result.output and "retrying in 1 s (attempt 2 of 6)" in result.output
+    assert (f"warning: {server.url}/tags.json (general tags, page 1): HTTP 500 Internal Server Error; "
+            "retrying in 1 s (attempt 2 of 6)") in result.output
     assert load_tags(tmp_path / "tags-general.txt") == ["general_0", "general_1", "general_2"]
 
 
@@ -184,7 +186,8 @@ def test_persistent_500_fails_with_one_line_and_writes_nothing(server, tmp_path,
     result = invoke(server, tmp_path / "out", "--limit", 3)
     assert result.exit_code == 2
     last = result.output.strip().splitlines()[-1]
-    assert last.startswith(f"error: {server.url}/tags.json?") and "failed after 6 attempts: HTTP 502" in last
+    assert last == (f"error: {server.url}/tags.json (general tags, page 1): "
+                    "failed after 6 attempts: HTTP 502 Bad Gateway")
     assert no_real_sleep == [1.0, 2.0, 4.0, 8.0, 16.0]
     assert not (tmp_path / "out").exists()
 
@@ -211,14 +214,16 @@ def test_forbidden_and_other_client_errors(server, tmp_path):
 
 def test_network_failure_is_one_line(tmp_path, no_real_sleep):
     # A port that was free a moment ago: connection refused.
-    import socket
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     result = CliRunner().invoke(main, ["download-tags", str(tmp_path / "out"), "--username", USER, "--api-key", KEY,
                                        "--base-url", f"http://127.0.0.1:{port}"])
     assert result.exit_code == 2
-    assert "failed after 6 attempts" in result.output and "Connection refused" in result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: http://127.0.0.1:{port}/tags.json (general tags, page 1): cannot reach "
+        "the server: ConnectionRefusedError: [Errno 111] Connection refused")
+    assert no_real_sleep == []  # nobody is listening: retrying would not help
     assert result.output.count("error:") == 1 and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
 

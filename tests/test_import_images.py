@@ -83,7 +83,7 @@ def test_imports_layout_md5_formats_and_skips(tmp_path):
     assert "Imported 3 images" in result.output and "(ids 1-3)" in result.output
     assert "Skipped: 1 duplicates, 2 unreadable, 2 without tags" in result.output
     assert f"{src / 'broken.jpg'}: unreadable image skipped" in result.output
-    assert f"{src / 'text.jpg'}: unreadable image skipped: cannot identify image file" in result.output
+    assert f"{src / 'text.jpg'}: unreadable image skipped: not an image in a format Pillow knows" in result.output
     assert f"{src / 'untagged.png'}: skipped: no .txt sidecar" in result.output
     assert f"{src / 'empty.png'}: skipped: empty.txt holds no tags" in result.output
     assert f"{src / 'copy_of_a.jpeg'}: same bytes as a.jpg, skipped" in result.output
@@ -145,6 +145,16 @@ def test_dataset_inside_src_is_not_scanned(tmp_path):
     result = invoke(src, src / "dataset")
     assert result.exit_code == 0, result.output
     assert "Skipped: 1 duplicates, 0 unreadable, 0 without tags" in result.output
+
+
+def test_dataset_equal_to_src(tmp_path):
+    src = tmp_path / "src"
+    put(src, "a.png", image_bytes("PNG"), "a")
+    assert invoke(src, src).exit_code == 0
+    result = invoke(src, src)
+    assert result.exit_code == 0, result.output
+    assert "Skipped: 1 duplicates, 0 unreadable, 0 without tags" in result.output
+    assert len(read_posts(src / "dataset.sqlite")) == 1
 
 
 def test_extensions_filter(tmp_path):

@@ -211,3 +211,15 @@ def test_bad_inputs(tmp_path):
     result = invoke(tmp_path / "missing.sqlite", tmp_path / "o.sqlite")
     assert result.exit_code == 2 and "does not exist" in result.output
     assert not (tmp_path / "o.sqlite").exists()
+
+
+def test_sample_dataset_round_trip(tmp_path, sample_dataset):
+    database, _ = sample_dataset
+    source = read_posts(database, "id, tag_string, rating, is_deleted")
+    output = tmp_path / "train.sqlite"
+    result = invoke(database, output)
+    assert result.exit_code == 0, result.output
+    names = {"g": "general", "s": "sensitive", "q": "questionable", "e": "explicit"}
+    expected = [(i, f"{tags} rating:{names[r]}") for i, tags, r, deleted in source if not deleted]
+    assert read_posts(output, "id, tag_string") == expected
+    assert output.stat().st_size > 0 and f"Wrote {len(expected)} posts" in result.output

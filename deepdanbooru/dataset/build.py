@@ -79,7 +79,7 @@ def with_rating_tag(tag_string, rating) -> tuple[str, str | None]:
     """tag_string plus the rating system tag; an already present one is not added twice."""
     tags = tag_string if isinstance(tag_string, str) else ("" if tag_string is None else str(tag_string))
     tag = RATING_TAGS.get(rating.strip().lower()) if isinstance(rating, str) else None
-    if tag is None or tag in tags.split():
+    if tag is None or (tag in tags and tag in tags.split()):  # the substring test spares most splits
         return tags, tag
     return (f"{tags.rstrip()} {tag}" if tags.strip() else tag), tag
 

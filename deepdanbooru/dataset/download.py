@@ -11,6 +11,8 @@ import base64
 import http.client
 import json
 import re
+import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -27,6 +29,8 @@ from deepdanbooru.project.create import write_text_atomic
 DEFAULT_BASE_URL = "https://danbooru.donmai.us"
 PAGE_SIZE = 1000  # the API's largest page
 USER_AGENT = f"deepdanbooru/{__version__} (download-tags; Python urllib)"
+# Waiting does not fix these: a wrong host name, nothing listening, an untrusted certificate.
+UNREACHABLE = (ConnectionRefusedError, socket.gaierror, ssl.SSLCertVerificationError)
 
 
 @dataclass(frozen=True)
@@ -77,35 +81,37 @@ class TagClient:
         self.notice = notice
         self.requests = 0
 
-    def get_json(self, path: str, params: dict):
+    def get_json(self, path: str, params: dict, what: str = ""):
         url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
+        where = f"{self.base_url}{path}" + (f" ({what})" if what else "")
         for attempt in range(self.retries + 1):
             self.requests += 1
-            last_try = attempt == self.retries
             try:
                 request = urllib.request.Request(url, headers=self.headers)
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     body = response.read()
                 break
             except urllib.error.HTTPError as error:
-                retry_after = self._check_status(error)
+                with error:
+                    retry_after = self._check_status(error, where)
                 problem = f"HTTP {error.code} {error.reason}"
             except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
                 reason = getattr(error, "reason", error)
                 problem = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+                if isinstance(reason, UNREACHABLE):
+                    raise NetworkError(f"{where}: cannot reach the server: {problem}") from None
                 retry_after = None
-            if last_try:
-                raise NetworkError(f"{url}: failed after {attempt + 1} attempts: {problem}")
+            if attempt == self.retries:
+                raise NetworkError(f"{where}: failed after {attempt + 1} attempts: {problem}")
             delay = retry_after if retry_after is not None else self.backoff * 2 ** attempt
-            self.notice(f"{problem} from {self.base_url}; retrying in {delay:g} s "
-                        f"(attempt {attempt + 2} of {self.retries + 1})")
+            self.notice(f"{where}: {problem}; retrying in {delay:g} s (attempt {attempt + 2} of {self.retries + 1})")
             self.sleep(delay)
         try:
             return json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            raise NetworkError(f"{url}: the answer is not JSON (starts with {body[:60]!r})") from None
+            raise NetworkError(f"{where}: the answer is not JSON (starts with {body[:60]!r})") from None
 
-    def _check_status(self, error: urllib.error.HTTPError) -> float | None:
+    def _check_status(self, error: urllib.error.HTTPError, where: str) -> float | None:
         """Raise for answers that retrying cannot fix; return the server's Retry-After for the others."""
         code = error.code
         if code == 401:
@@ -118,10 +124,10 @@ class TagClient:
             raise NetworkError(f"{self.base_url}: the server refuses pages this deep (HTTP 410); "
                                "lower --limit or raise --minimum-post-count")
         if code != 429 and code < 500:
-            raise NetworkError(f"{error.url}: HTTP {code} {error.reason}{_error_body(error)}")
+            raise NetworkError(f"{where}: HTTP {code} {error.reason}{_error_body(error)}")
         value = error.headers.get("Retry-After") if error.headers else None
         try:
-            return min(float(value), 120.0) if value is not None else None
+            return min(max(float(value), 0.0), 120.0) if value is not None else None
         except ValueError:
             return None
 
@@ -144,7 +150,7 @@ def fetch_category(client: TagClient, category: Category, limit: int, minimum_po
     while True:
         params = {"search[category]": category.api_id, "search[order]": "count", "limit": page_size,
                   "page": page, "only": "name,post_count"}
-        entries = client.get_json("/tags.json", params)
+        entries = client.get_json("/tags.json", params, f"{category.name} tags, page {page}")
         result.pages += 1
         if not isinstance(entries, list):
             raise NetworkError(f"{client.base_url}/tags.json: page {page} of {category.name} tags is not a list "

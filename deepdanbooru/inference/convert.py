@@ -9,9 +9,7 @@ comparing their outputs against a tolerance.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from deepdanbooru.errors import ModelError, UserError, file_field
+from deepdanbooru.inference.atomic import write_bytes_atomic
 
 FORMATS = ("tflite", "onnx")
 # Float conversions reorder a few float32 operations: differences of ~1e-6 were measured.
@@ -164,20 +163,6 @@ def run_onnx(content: bytes, images: np.ndarray) -> np.ndarray:
 
     session = onnxruntime.InferenceSession(content, providers=["CPUExecutionProvider"])
     return np.array(session.run(None, {session.get_inputs()[0].name: images})[0], dtype=np.float32)
-
-
-def write_bytes_atomic(path: Path, content: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(content)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 def convert_model(model, save_path, output_format="tflite", optimize_default=False, optimize_sparsity=False,

@@ -17,9 +17,6 @@ FOCAL_GAMMA = 2.0
 FOCAL_EPSILON = 1e-7
 
 
-# Registered so a model compiled with it still deserializes inside this
-# package; exports are saved uncompiled, so plain Keras never needs it.
-@keras.saving.register_keras_serializable(package="deepdanbooru")
 def focal_loss(y_true, y_pred):
     """Binary focal loss (alpha 0.25, gamma 2), mean over the tag axis."""
     y_pred = ops.clip(y_pred, FOCAL_EPSILON, 1.0 - FOCAL_EPSILON)
@@ -30,13 +27,22 @@ def focal_loss(y_true, y_pred):
     return ops.mean(loss, axis=-1)
 
 
+# Registered so a model compiled with it still deserializes inside this
+# package; exports are saved uncompiled, so plain Keras never needs it.
+@keras.saving.register_keras_serializable(package="deepdanbooru")
+class FocalLoss(keras.losses.Loss):
+    def __init__(self, reduction="sum_over_batch_size", name="focal_loss", dtype=None):
+        super().__init__(reduction=reduction, name=name, dtype=dtype)
+
+    def call(self, y_true, y_pred):
+        return focal_loss(y_true, y_pred)
+
+
 LOSSES = {
     "binary_crossentropy": lambda reduction: keras.losses.BinaryCrossentropy(
         reduction=reduction, name="binary_crossentropy"
     ),
-    "focal_loss": lambda reduction: keras.losses.LossFunctionWrapper(
-        focal_loss, reduction=reduction, name="focal_loss"
-    ),
+    "focal_loss": lambda reduction: FocalLoss(reduction=reduction),
 }
 
 

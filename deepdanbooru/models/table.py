@@ -84,11 +84,11 @@ def check_model_input(name: str, input_shape, source=None) -> Architecture:
     architecture = get_architecture(name, source)
 
     def fail(field, message):
-        raise ModelError(file_field(source, field, message) if source else f"{field}: {message}")
+        raise ModelError(file_field(source, field, message) if source else message)
 
     shape = tuple(input_shape)
     if len(shape) != 3 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        fail("input_shape", f"must be (height, width, channels) of positive integers, got {shape}")
+        fail("input_shape", f"input shape must be (height, width, channels) of positive integers, got {shape}")
     height, width, _ = shape
     minimum = minimum_input_size(name)
     if height < minimum or width < minimum:

@@ -9,7 +9,9 @@ the cause.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import sqlite3
 import warnings
 from collections import Counter
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from deepdanbooru.dataset import records
 from deepdanbooru.errors import UserError
+from deepdanbooru.models import table
 from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
@@ -25,7 +28,8 @@ from deepdanbooru.project.tags import load_tags, tags_hash
 
 DEFAULT_MAX_IMAGE_CHECKS = 20
 SHOWN_PROBLEMS = 3  # a FAIL line names this many bad rows, then counts the rest
-STATE_FILE = "state.json"
+STATE_FILE = "state.json"  # written by training/state.py, read here without TensorFlow
+STATE_VERSION = 1
 COUNTERS = ("used_epoch", "used_minibatch", "used_sample", "offset", "random_seed")
 
 
@@ -94,6 +98,17 @@ def check_config(run: Run):
 def check_tags(run: Run):
     run.tags = load_tags(run.paths.tags)
     return PASS, f"{run.paths.tags}: {len(run.tags)} tags"
+
+
+def check_model(run: Run):
+    """The model takes this input, and how big it is, before anyone waits for TensorFlow to build it."""
+    config = run.need("config")
+    table.check_model_input(config.model, config.input_shape, config.config_path)
+    if run.tags is None:
+        return PASS, f"{config.model} accepts input {config.image_height}x{config.image_width}x3"
+    trainable, frozen = table.parameter_counts(config.model, config.input_shape, len(run.tags))
+    return PASS, (f"{config.model}: input {config.image_height}x{config.image_width}x3, {len(run.tags)} outputs, "
+                  f"{trainable:,} trainable and {frozen:,} non-trainable parameters")
 
 
 def check_paths(run: Run):
@@ -215,14 +230,15 @@ def check_images(run: Run):
         formats[info.format] += 1
         sizes.add((info.width, info.height))
         run.image_paths.append((row_id, path, info))
-    scope = (f"{checked} of {run.eligible:,} eligible images "
-             f"({'all' if checked == run.eligible else f'the first {checked} by id'})")
+    sampled = len(run.sample)
+    scope = (f"all {run.eligible:,} eligible images" if sampled == run.eligible
+             else f"the first {sampled:,} of {run.eligible:,} eligible images (by id)")
     if bad:
-        return FAIL, f"{len(bad)} of {scope} are unusable: {_first(bad)}"
+        return FAIL, f"{len(bad)} unusable among {scope}: {_first(bad)}"
     if not checked:
         raise _Skip("no sampled post has a safe md5")
     smallest, largest = min(sizes, key=lambda s: s[0] * s[1]), max(sizes, key=lambda s: s[0] * s[1])
-    summary = (f"{scope} read: " + ", ".join(f"{name} {n}" for name, n in sorted(formats.items()))
+    summary = (f"checked {scope}: " + ", ".join(f"{name} {n}" for name, n in sorted(formats.items()))
                + f"; {smallest[0]}x{smallest[1]}" + ("" if smallest == largest else f" to {largest[0]}x{largest[1]}"))
     if mismatched:
         return WARN, summary + f"; {len(mismatched)} whose extension does not match the content: {_first(mismatched)}"
@@ -277,18 +293,21 @@ def check_checkpoint(run: Run):
     state, problem = _read_state(directory / STATE_FILE)
     if problem:
         return WARN, f"{detail}; {problem}"
-    if state is not None:
-        counters = ", ".join(f"{k} {state[k]}" for k in COUNTERS if k in state)
-        if counters:
-            detail += f" ({counters})"
-        mismatch = _mismatch(run, state)
-        if mismatch:
-            return FAIL, (f"{detail}, but the checkpoint was trained for {mismatch}: train-project will refuse "
-                          f"to resume; move {directory} away to start fresh")
+    if state is None:
+        return PASS, detail + f" (no {STATE_FILE} to show its counters)"
+    detail += _progress(run, state)
+    mismatch = _mismatch(run, state)
+    if mismatch:
+        return FAIL, (f"{detail}, but the checkpoint was trained for {mismatch}: train-project will refuse "
+                      f"to resume; move {directory} away to start fresh")
+    if state.get("checkpoint") not in (None, prefix.name):
+        return WARN, (f"{detail}; {STATE_FILE} describes {state['checkpoint']}, not the latest checkpoint "
+                      f"{prefix.name} (a run stopped between the two writes): its counters may be behind")
     return PASS, detail
 
 
 def _read_state(path: Path):
+    """The trainer's JSON mirror of the counters saved in the checkpoint (version 1)."""
     if not path.is_file():
         return None, None
     try:
@@ -297,35 +316,69 @@ def _read_state(path: Path):
         return None, f"{path}: cannot be read: {error}"
     if not isinstance(state, dict):
         return None, f"{path}: does not hold a JSON object"
+    if state.get("version") != STATE_VERSION:
+        return None, f"{path}: version {state.get('version')!r} is not one this preflight reads"
     return state, None
 
 
+def _progress(run: Run, state: dict) -> str:
+    shown = [f"{k} {state[k]}" for k in COUNTERS if k in state]
+    text = f" ({', '.join(shown)})" if shown else ""
+    epochs = run.config.epoch_count if run.config is not None else state.get("epoch_count")
+    if isinstance(state.get("used_epoch"), int) and isinstance(epochs, int) and state["used_epoch"] >= epochs:
+        text += (f"; all {epochs} epoch(s) are trained, so it only exports the final model again "
+                 "(raise epoch_count to train on)")
+    return text
+
+
 def _mismatch(run: Run, state: dict) -> str | None:
-    """What the checkpoint was trained for that the project no longer is, if state.json says."""
+    """What the checkpoint was trained for that the project no longer is."""
     found = []
     config = run.config
     if config is not None:
         if "model" in state and state["model"] != config.model:
             found.append(f"model {state['model']} (project.json: {config.model})")
-        shape = state.get("input_shape")
-        if isinstance(shape, list) and tuple(shape) != config.input_shape:
-            found.append(f"input shape {tuple(shape)} (project.json: {config.input_shape})")
+        saved = (state.get("image_height"), state.get("image_width"))
+        if None not in saved and saved != (config.image_height, config.image_width):
+            found.append(f"input {saved[0]}x{saved[1]} (project.json: {config.image_height}x{config.image_width})")
     if run.tags is not None and "tags_hash" in state and state["tags_hash"] != tags_hash(run.tags):
         found.append("a different tags.txt")
     return ", ".join(found) or None
 
 
 def check_lock(run: Run):
+    """train-project's lock file: JSON with pid, hostname and start time while a run holds the project."""
     lock = run.paths.lock
-    if lock.exists():
-        return WARN, (f"{lock} exists: a train-project may be running on this project "
-                      "(or one was killed; remove the file if none is running)")
-    return PASS, "no training run holds the project lock"
+    if not lock.exists():
+        return PASS, "no training run holds the project lock"
+    try:
+        owner = json.loads(lock.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        owner = None
+    if not isinstance(owner, dict):
+        return WARN, f"{lock} exists with unreadable content: a train-project may be starting or was killed"
+    who = f"pid {owner.get('pid')} on host {owner.get('hostname')}"
+    pid = owner.get("pid")
+    if owner.get("hostname") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
+        return PASS, f"{lock} was left by {who}, which is no longer running; the next train-project takes it over"
+    return WARN, (f"{lock}: held by {who}: a train-project may be running on this project "
+                  "(if none is, delete the file)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 PROJECT_CHECKS = (
     ("config", check_config),
     ("tags", check_tags),
+    ("model", check_model),
     ("database", check_database),
     ("eligible", check_eligible),
     ("md5", check_md5),

@@ -94,10 +94,11 @@ def check_packages() -> list[CheckResult]:
                 break
             except metadata.PackageNotFoundError:
                 continue
-        if found is None:
-            results.append(CheckResult(name, FAIL, f"not installed (pip install {distributions[0]})"))
-            continue
         specifier = wanted.get(requirement, "")
+        if found is None:
+            results.append(CheckResult(name, FAIL, f"not installed; deepdanbooru needs {requirement}{specifier} "
+                                                   "(pip install -e . from the checkout installs it)"))
+            continue
         label = f"{found[0]} {found[1]}"
         if specifier and not satisfies(found[1], specifier):
             results.append(CheckResult(name, FAIL, f"{label} is installed; deepdanbooru needs {specifier}"))
@@ -172,7 +173,7 @@ for path, kind, animated in request["images"]:
         decoded.append([int(image.shape[0]), int(image.shape[1]), ""])
     except Exception as error:
         message = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        message = re.sub(r"\s*\[Op:\w+\]$", "", re.sub(r"^\{\{[^}]*\}\}\s*", "", message))
+        message = re.sub(r"\s*\[Op:\w+\].*$", "", re.sub(r"^\{\{[^}]*\}\}\s*", "", message))
         decoded.append([0, 0, message])
 report["decoded"] = decoded
 print(json.dumps(report))

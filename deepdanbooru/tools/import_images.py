@@ -98,16 +98,18 @@ def detect_format(data: bytes) -> str:
                 return ext
     except _Unreadable:
         raise
+    except Image.UnidentifiedImageError:
+        raise _Unreadable("not an image in a format Pillow knows") from None
     except Exception as error:  # decoders raise OSError, SyntaxError, ValueError, EOFError, bomb errors...
         raise _Unreadable(str(error) or type(error).__name__) from None
 
 
-def scan(src: Path, extensions, exclude: Path | None) -> list[Path]:
-    """Image files under src with a wanted extension, in a stable order; hidden folders and the dataset skipped."""
+def scan(src: Path, extensions, exclude=()) -> list[Path]:
+    """Image files under src with a wanted extension, in a stable order; hidden and `exclude` folders skipped."""
     found = []
     for directory, folders, files in os.walk(src):
         folders[:] = sorted(name for name in folders if not name.startswith(".")
-                            and not (exclude is not None and _same(Path(directory, name), exclude)))
+                            and not any(_same(Path(directory, name), skip) for skip in exclude))
         for name in files:
             if Path(name).suffix.lower().lstrip(".") in extensions and not name.startswith("."):
                 found.append(Path(directory, name))
@@ -207,7 +209,8 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     if dataset.exists() and not dataset.is_dir():
         raise DatasetError(file_field(dataset, None, "exists and is not a folder"))
     database = dataset / DATABASE_NAME
-    images = scan(src, extensions, dataset if dataset.exists() else None)
+    # The dataset may live inside SRC (even be SRC): never re-import its own images.
+    images = scan(src, extensions, [path for path in (dataset, dataset / IMAGES_DIR) if path.is_dir()])
     if not images:
         raise DatasetError(file_field(src, None, f"no image files ({', '.join(extensions)}) found"))
 

@@ -68,8 +68,10 @@ class ResumeState(tf.Module):
         self.image_width = tf.Variable(0, dtype=tf.int64, trainable=False, name="image_width")
         self.tags_hash = tf.Variable("", dtype=tf.string, trainable=False, name="tags_hash")
         self.tag_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="tag_count")
+        # A short hash of the training ids: a changed database is noticed on resume, not refused.
+        self.records_hash = tf.Variable("", dtype=tf.string, trainable=False, name="records_hash")
 
-    def assign(self, counters: Counters, identity: RunIdentity) -> None:
+    def assign(self, counters: Counters, identity: RunIdentity, records_hash: str = "") -> None:
         for field in fields(Counters):
             getattr(self, field.name).assign(getattr(counters, field.name))
         self.model.assign(identity.model)
@@ -77,6 +79,7 @@ class ResumeState(tf.Module):
         self.image_width.assign(identity.image_width)
         self.tags_hash.assign(identity.tags_hash)
         self.tag_count.assign(identity.tag_count)
+        self.records_hash.assign(records_hash)
 
     def counters(self) -> Counters:
         return Counters(**{field.name: int(getattr(self, field.name).numpy()) for field in fields(Counters)})

@@ -1,0 +1,80 @@
+"""evaluate and evaluate-project: tag images with a trained model."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.inference.output import FORMATS, caption, make_writer, select_tags, threshold_vector
+from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
+from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.project.tags import load_tags
+
+
+@dataclass
+class EvaluationSummary:
+    model: Path
+    tagged: int = 0
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _echo_err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, threshold=0.5, thresholds_csv=None,
+             allow_folder=False, folder_filters=DEFAULT_FOLDER_FILTERS, save_txt=False, allow_gpu=False,
+             compile_model=True, verbose=False, output_format="text", batch_size=32,
+             echo=print, echo_err=_echo_err) -> EvaluationSummary:
+    """Tag every image under `targets`, writing results through `echo` as they come.
+
+    Everything that can be checked without TensorFlow (targets, model and
+    tags files, thresholds) is checked first, so a typo fails in a second.
+    Unreadable images are reported through `echo_err` and listed in the summary.
+    """
+    if output_format not in FORMATS:
+        raise TargetError(f"--format: must be one of {', '.join(FORMATS)}, got {output_format!r}")
+    paths = collect_targets(targets, allow_folder=allow_folder, folder_filters=folder_filters)
+    if not paths:
+        raise TargetError(f"{', '.join(map(str, targets))}: no image files found (filters: {folder_filters})")
+    if save_txt:
+        for path in paths:
+            if sidecar_path(path) == path:
+                raise TargetError(f"{path}: --save-txt would overwrite the image itself with its tags")
+    files = resolve_model_files(project_path, model_path, tags_path)
+    tags = load_tags(files.tags)
+    thresholds = threshold_vector(tags, threshold, thresholds_csv)
+
+    from deepdanbooru.inference.predict import configure_devices, load_tagger
+
+    configure_devices(allow_gpu)
+    tagger = load_tagger(files, tags, compile_model=compile_model)
+    summary = EvaluationSummary(model=files.model)
+    if verbose:
+        echo_err(f"Model: {files.model} (input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags})")
+        echo_err(f"Images: {len(paths)}")
+
+    def skip(index, reason):
+        summary.skipped.append((paths[index], reason))
+        echo_err(f"skipped {paths[index]}: {reason}")
+
+    writer = make_writer(output_format, echo)
+    started = time.perf_counter()
+    for index, scores in tagger.predict(paths, batch_size, skip):
+        pairs = select_tags(tags, scores, thresholds)
+        writer.image(paths[index], pairs)
+        if save_txt:
+            write_text_atomic(sidecar_path(paths[index]), caption(pairs))
+        summary.tagged += 1
+    if verbose:
+        seconds = time.perf_counter() - started
+        rate = summary.tagged / seconds if seconds > 0 else 0.0
+        echo_err(f"Tagged {summary.tagged} images in {seconds:.1f} s ({rate:.1f} images/s); "
+                 f"skipped {len(summary.skipped)}")
+    elif summary.skipped:
+        echo_err(f"{len(summary.skipped)} of {len(paths)} images could not be read and were skipped")
+    return summary

@@ -1,0 +1,85 @@
+"""Batched prediction through the shared inference preprocessing."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from deepdanbooru.errors import ModelError, file_field
+
+
+def configure_devices(allow_gpu: bool) -> None:
+    """Hide GPUs unless allowed, as DeepDanbooru did: tagging a few images does
+    not pay for GPU start-up, and a GPU busy training stays untouched.
+
+    Must run before TensorFlow places any op; later it cannot take effect.
+    """
+    import tensorflow as tf
+
+    if allow_gpu:
+        return
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:
+        if tf.config.get_visible_devices("GPU"):
+            warnings.warn("TensorFlow was already initialised with a GPU visible; it stays in use")
+
+
+def model_input_size(model, model_path, config=None) -> tuple[int, int]:
+    """(height, width) from the model's input shape; the project's only when the model leaves it open."""
+    shape = tuple(model.input_shape)
+    if len(shape) != 4 or shape[-1] != 3:
+        raise ModelError(file_field(model_path, "input", f"expected (batch, height, width, 3) images, got {shape}"))
+    height, width = shape[1], shape[2]
+    if height is None or width is None:
+        if config is None:
+            raise ModelError(file_field(model_path, "input", "has no fixed size; use --project-path to give one"))
+        return config.image_height, config.image_width
+    return int(height), int(width)
+
+
+def check_output_width(model, model_path, tags, tags_path) -> None:
+    width = model.output_shape[-1]
+    if len(model.output_shape) != 2 or width != len(tags):
+        raise ModelError(file_field(model_path, "output",
+                                    f"has shape {tuple(model.output_shape)}, but {tags_path} lists {len(tags)} tags"))
+
+
+class Tagger:
+    """A loaded model plus what its inputs must look like."""
+
+    def __init__(self, model, tags, model_path: Path, config=None, max_image_pixels=None, compile_model=True):
+        import tensorflow as tf
+
+        self.model = model
+        self.tags = list(tags)
+        self.model_path = Path(model_path)
+        self.height, self.width = model_input_size(model, model_path, config)
+        self.max_image_pixels = max_image_pixels
+        if compile_model:
+            # One traced graph for every batch size: the last, partial batch must not retrace.
+            signature = [tf.TensorSpec((None, self.height, self.width, 3), tf.float32)]
+            self._call = tf.function(lambda images: model(images, training=False), input_signature=signature,
+                                     reduce_retracing=True)
+        else:
+            self._call = lambda images: model(images, training=False)
+
+    def scores(self, images) -> np.ndarray:
+        return np.asarray(self._call(images), dtype=np.float32)
+
+    def predict(self, paths, batch_size: int, on_skip: Callable[[int, str], None]) -> Iterator[tuple[int, np.ndarray]]:
+        """(index into paths, scores) for every readable image, in order; on_skip(index, reason) for the rest."""
+        from deepdanbooru.pipeline import inference_dataset
+
+        raise NotImplementedError  # replaced once the pipeline API is final
+
+
+def load_tagger(files, tags, compile_model=True) -> Tagger:
+    from deepdanbooru.models.files import load_model_file
+
+    model = load_model_file(files.model)
+    check_output_width(model, files.model, tags, files.tags)
+    return Tagger(model, tags, files.model, files.config, files.max_image_pixels, compile_model)

@@ -1,0 +1,1 @@
+"""Provisional: replaced once deepdanbooru.pipeline exists."""

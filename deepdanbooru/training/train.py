@@ -1,0 +1,82 @@
+"""train-project: check everything cheap first, take the lock, then hand over to the slice loop.
+
+Config, tags, records and the model/input check run before TensorFlow is
+imported, so a typo in project.json is reported in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepdanbooru.dataset.records import Records, load_records
+from deepdanbooru.errors import ModelError, TrainingError, file_field
+from deepdanbooru.models.table import check_model_input
+from deepdanbooru.project.config import ProjectConfig, load_config
+from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.tags import load_tags
+from deepdanbooru.training.lock import TrainingLock
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """Everything the loop needs, validated."""
+
+    config: ProjectConfig
+    paths: ProjectPaths
+    tags: list[str]
+    train: Records
+    validation: Records
+    source_model: Path | None = None
+    force_mixed_precision: bool = False
+
+
+def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False) -> TrainingPlan:
+    from deepdanbooru.training.split import split_records
+
+    paths = ProjectPaths(project_dir)
+    config = load_config(paths.root)
+    tags = load_tags(paths.tags)
+    database = config.require_database()
+    if source_model is None:
+        check_model_input(config.model, config.input_shape, source=config.config_path)
+    else:
+        source_model = Path(source_model)
+        if not source_model.is_file():
+            raise ModelError(file_field(source_model, None, "--source-model file not found"))
+    records = load_records(database, config.minimum_tag_count, config.image_extensions)
+    if not len(records):
+        raise TrainingError(file_field(
+            database, "posts",
+            f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
+            f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
+    train, validation = split_records(records, config.validation_fraction, config.seed)
+    if not len(train):
+        raise TrainingError(file_field(
+            config.config_path, "validation_fraction",
+            f"leaves no training records out of {len(records)} eligible; lower it"))
+    return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision)
+
+
+def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
+    """The monitors of a normal run, in call order."""
+    from deepdanbooru.training.monitors import default_monitors
+
+    return default_monitors(echo, stream)
+
+
+def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
+                  monitors=None):
+    """Train (or resume) the project; returns the final counters (training.state.Counters)."""
+    plan = plan_training(project_dir, source_model, force_mixed_precision)
+    with TrainingLock(plan.paths.lock, echo):
+        # TensorFlow's C++ start-up chatter would drown the first lines of our console output.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from deepdanbooru.training.export import remove_partial_exports
+        from deepdanbooru.training.loop import train
+
+        # Holding the lock, any partial export left here belongs to a dead run.
+        remove_partial_exports(plan.paths.root)
+        plan.paths.logs.mkdir(parents=True, exist_ok=True)
+        return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)

@@ -1,0 +1,125 @@
+"""conv2tflite: conversion, the comparison with Keras, atomic output, and the errors."""
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from deepdanbooru.cli import main
+
+tf = pytest.importorskip("tensorflow")
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+@pytest.fixture(scope="module")
+def keras_model(tmp_path_factory):
+    """A saved resnet_small (32x32, 3 tags) whose batch-norm scales are randomised.
+
+    A fresh model starts every residual branch at zero (gamma = 0) and answers
+    almost the same for every image; random scales make outputs depend on the input.
+    """
+    from deepdanbooru.models.builder import build_model
+
+    model = build_model("resnet_small", (32, 32, 3), 3, seed=1)
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        if weight.path.endswith("gamma"):
+            weight.assign(rng.uniform(0.5, 1.5, weight.shape).astype("float32"))
+    path = tmp_path_factory.mktemp("convert") / "model.keras"
+    model.save(path)
+    return path, model
+
+
+def test_tflite_matches_keras_and_is_reported(tmp_path, keras_model):
+    from deepdanbooru.inference.convert import run_tflite, sample_inputs
+
+    path, model = keras_model
+    output = tmp_path / "model.tflite"
+    result = run_cli("conv2tflite", "--model-path", path, "--save-path", output)
+    assert result.exit_code == 0, result.output
+    assert f"to {output} (tflite" in result.output
+    assert "Largest absolute difference from Keras on 8 sample inputs" in result.output
+    # The file on disk, run independently on inputs the command never saw, agrees with Keras.
+    images = np.random.default_rng(5).uniform(0, 1, (3, 32, 32, 3)).astype(np.float32)
+    expected = model(images, training=False).numpy()
+    actual = run_tflite(output.read_bytes(), images)
+    assert actual.shape == (3, 3)
+    assert np.max(np.abs(actual - expected)) < 1e-4
+    # Outputs really differ between inputs, so agreement is not trivial.
+    assert np.ptp(expected, axis=0).max() > 1e-3
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_difference_past_tolerance_fails_and_writes_nothing(tmp_path, keras_model):
+    path, _ = keras_model
+    output = tmp_path / "quantized.tflite"
+    result = run_cli("conv2tflite", "--model-path", path, "--save-path", output,
+                     "--optimize-default", "--tolerance", "0")
+    assert result.exit_code == 1
+    assert "differs from Keras by up to" in result.output and "more than the tolerance 0" in result.output
+    assert not output.exists() and not list(tmp_path.iterdir())
+
+
+def test_sample_inputs_cover_the_input_range():
+    from deepdanbooru.inference.convert import sample_inputs
+
+    images = sample_inputs(20, 12, count=8, seed=3)
+    assert images.shape == (8, 20, 12, 3) and images.dtype == np.float32
+    assert images.min() == 0.0 and images.max() == 1.0
+    assert np.array_equal(images, sample_inputs(20, 12, count=8, seed=3))
+    assert len({image.tobytes() for image in images}) == 8
+
+
+def test_project_without_export_is_a_clear_error(sample_project, tmp_path):
+    result = run_cli("conv2tflite", "--project-path", sample_project, "--save-path", tmp_path / "m.tflite")
+    assert result.exit_code == 2
+    assert "no exported model (looked for model-resnet_small.keras" in result.output
+    assert "train-project" in result.output
+
+
+def test_project_export_is_converted(sample_project, keras_model, tmp_path):
+    path, _ = keras_model
+    (sample_project / "model-resnet_small.keras").write_bytes(path.read_bytes())
+    output = tmp_path / "project.tflite"
+    result = run_cli("conv2tflite", "--project-path", sample_project, "--save-path", output)
+    assert result.exit_code == 0, result.output
+    assert f"Converted {sample_project / 'model-resnet_small.keras'}" in result.output
+    assert output.stat().st_size > 100_000
+
+
+def test_bad_arguments(tmp_path, keras_model):
+    path, _ = keras_model
+    missing = run_cli("conv2tflite", "--model-path", tmp_path / "nope.keras", "--save-path", tmp_path / "x.tflite")
+    assert missing.exit_code == 2 and "nope.keras: model file not found" in missing.output
+    nothing = run_cli("conv2tflite", "--save-path", tmp_path / "x.tflite")
+    assert nothing.exit_code == 2 and "give --project-path or --model-path" in nothing.output
+    no_folder = run_cli("conv2tflite", "--model-path", path, "--save-path", tmp_path / "missing" / "x.tflite")
+    assert no_folder.exit_code == 2 and "folder does not exist" in no_folder.output
+    onnx_optimized = run_cli("conv2tflite", "--model-path", path, "--save-path", tmp_path / "x.onnx",
+                             "--optimize-default")
+    assert onnx_optimized.exit_code == 2 and "apply to TFLite only" in onnx_optimized.output
+
+
+def test_format_follows_the_file_name_unless_given():
+    from deepdanbooru.inference.convert import choose_format
+
+    assert choose_format("m.onnx") == "onnx"
+    assert choose_format("m.tflite") == "tflite"
+    assert choose_format("m.bin") == "tflite"
+    assert choose_format("m.onnx", "tflite") == "tflite"
+
+
+def test_onnx_matches_keras(tmp_path, keras_model):
+    pytest.importorskip("tf2onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    path, model = keras_model
+    output = tmp_path / "model.onnx"
+    result = run_cli("conv2tflite", "--model-path", path, "--save-path", output)
+    assert result.exit_code == 0, result.output
+    assert "(onnx," in result.output
+    session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+    images = np.random.default_rng(6).uniform(0, 1, (2, 32, 32, 3)).astype(np.float32)
+    actual = session.run(None, {session.get_inputs()[0].name: images})[0]
+    assert np.max(np.abs(actual - model(images, training=False).numpy())) < 1e-4

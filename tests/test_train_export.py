@@ -1,0 +1,76 @@
+"""Exports: whole or absent, never carrying optimizer state; float32 rebuilds of mixed models."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from deepdanbooru.models import build_model
+from deepdanbooru.training.export import export_model, remove_partial_exports, save_atomic
+from deepdanbooru.training.precision import FLOAT32, MIXED, global_policy, with_policy
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    return build_model("resnet_small", (32, 32, 3), 5, seed=1)
+
+
+def test_save_atomic_leaves_only_the_target(tmp_path, small_model):
+    target = tmp_path / "model-resnet_small.keras"
+    save_atomic(small_model, target)
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+    loaded = keras.models.load_model(target)
+    for a, b in zip(loaded.get_weights(), small_model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_compiled_model_refused(tmp_path):
+    model = build_model("resnet_small", (32, 32, 3), 3)
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    with pytest.raises(ValueError, match="optimizer"):
+        save_atomic(model, tmp_path / "x.keras")
+    assert not list(tmp_path.iterdir())
+
+
+def test_failed_save_removes_its_partial_file(tmp_path, small_model, monkeypatch):
+    def explode(self, path, *args, **kwargs):
+        open(path, "wb").write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(keras.Model, "save", explode)
+    with pytest.raises(OSError):
+        save_atomic(small_model, tmp_path / "model.keras")
+    assert not list(tmp_path.iterdir())
+
+
+def test_partials_of_dead_runs_removed(tmp_path):
+    (tmp_path / ".model-x.e1.partial-123.keras").write_bytes(b"half")
+    (tmp_path / "model-x.e1.keras").write_bytes(b"real")
+    removed = remove_partial_exports(tmp_path)
+    assert [p.name for p in removed] == [".model-x.e1.partial-123.keras"]
+    assert [p.name for p in tmp_path.iterdir()] == ["model-x.e1.keras"]
+
+
+def test_mixed_model_and_float32_copy(tmp_path):
+    with global_policy(MIXED):
+        mixed = build_model("resnet_small", (32, 32, 3), 4, seed=2)
+    assert keras.mixed_precision.global_policy().name == FLOAT32  # not leaked
+    assert mixed.get_layer("stem_conv").compute_dtype == "float16"
+    assert mixed.output.dtype == "float32"
+    written = export_model(mixed, tmp_path / "m.keras", float32_copy=tmp_path / "m.float32.keras")
+    assert [p.name for p in written] == ["m.keras", "m.float32.keras"]
+    copy = keras.models.load_model(tmp_path / "m.float32.keras")
+    assert {layer.dtype_policy.name for layer in copy.layers if not isinstance(layer, keras.layers.InputLayer)} \
+        == {FLOAT32}
+    images = np.random.default_rng(0).random((2, 32, 32, 3), dtype=np.float32)
+    np.testing.assert_allclose(copy.predict(images, verbose=0), mixed.predict(images, verbose=0), atol=2e-2)
+
+
+def test_with_policy_keeps_output_float32(small_model):
+    mixed = with_policy(small_model, MIXED)
+    assert mixed.get_layer("stem_conv").compute_dtype == "float16"
+    assert mixed.get_layer("output").compute_dtype == "float32"
+    assert getattr(mixed, "optimizer", None) is None
+    for a, b in zip(mixed.get_weights(), small_model.get_weights()):
+        np.testing.assert_array_equal(a, b)

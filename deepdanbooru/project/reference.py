@@ -1,0 +1,55 @@
+"""docs/project-json.md is rendered from the key table, so the reference cannot drift from the code.
+
+    python -m deepdanbooru.project.reference > docs/project-json.md
+"""
+
+from __future__ import annotations
+
+import json
+
+from deepdanbooru.project.config import KEYS, NEW_PROJECT_OVERRIDES
+
+HEADER = """# project.json reference
+
+Generated from `deepdanbooru/project/config.py` by
+`python -m deepdanbooru.project.reference > docs/project-json.md`; a test fails
+when this file and the code disagree.
+
+Every key is optional. A missing key takes its default, and the defaults of
+the keys marked *ours* keep a DeepDanbooru 1.0 project training exactly as it
+did. An unknown key is reported with the closest known key. A bad value stops
+every command with one line naming the file, the key and the value.
+Integers must be JSON integers (`true`, `32.0` and `"32"` are refused); NaN and
+infinities are refused everywhere.
+
+| key | type | default | valid values | meaning |
+|---|---|---|---|---|
+"""
+
+FOOTER = """
+`create-project` writes the SPEC keys above in this order (without
+`learning_rates`) plus {overrides}.
+
+A relative `database_path` is resolved against the project directory. The
+dataset's `images/` folder sits beside the SQLite file.
+"""
+
+
+def _default(key) -> str:
+    if key.name == "learning_rates":
+        return "absent"
+    value = list(key.default) if isinstance(key.default, tuple) else key.default
+    return f"`{json.dumps(value)}`"
+
+
+def render() -> str:
+    rows = []
+    for key in KEYS:
+        origin = "" if key.spec else " *(ours)*"
+        rows.append(f"| `{key.name}`{origin} | {key.type_name} | {_default(key)} | {key.valid} | {key.meaning} |")
+    overrides = ", ".join(f"`{name}: {json.dumps(value)}`" for name, value in NEW_PROJECT_OVERRIDES.items())
+    return HEADER + "\n".join(rows) + "\n" + FOOTER.format(overrides=overrides)
+
+
+if __name__ == "__main__":
+    print(render(), end="")

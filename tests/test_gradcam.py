@@ -75,7 +75,7 @@ def test_gradcam_equals_the_class_activation_map_for_a_conv_head(small_model):
     image = np.random.default_rng(1).uniform(0, 1, (64, 64, 3)).astype(np.float32)
     explainer = Explainer(small_model)
     maps = explainer.explain(image, [0, 3])
-    head = keras.Model(small_model.inputs, small_model.get_layer("head_conv").output)
+    head = keras.Model(small_model.input, small_model.get_layer("head_conv").output)
     class_maps = head(image[None], training=False).numpy()[0]
     scores = small_model(image[None], training=False).numpy()[0]
     for tag_maps, tag in zip(maps, [0, 3]):

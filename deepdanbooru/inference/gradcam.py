@@ -90,7 +90,7 @@ class Explainer:
     def __init__(self, model: keras.Model):
         self.model = model
         self.height, self.width = model.input_shape[1:3]
-        self._probe = keras.Model(model.inputs, [feature_tensor(model), logit_tensor(model), model.output])
+        self._probe = keras.Model(model.input, [feature_tensor(model), logit_tensor(model), model.output])
 
     def scores(self, image: np.ndarray) -> np.ndarray:
         return np.asarray(self.model(image[None], training=False), dtype=np.float32)[0]

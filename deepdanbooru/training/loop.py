@@ -242,8 +242,9 @@ class SliceTrainer:
                 "fix or remove the images listed in this file, or raise the limit"))
         c.used_sample = self._base_samples + int(self.step.counters.total_samples.numpy())
         c.offset += len(indices)
+        saving = time.monotonic()
         path = self._save_checkpoint()
-        logs: dict = {}
+        logs: dict = {"checkpoint_seconds": time.monotonic() - saving}
         for monitor in self.monitors:
             monitor.on_slice_end(self._progress(), path, logs)
 

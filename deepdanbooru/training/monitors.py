@@ -137,8 +137,10 @@ class ConsoleMonitor(Monitor):
                   f"ETA {format_duration(log.eta_seconds)}")
 
     def on_slice_end(self, progress, checkpoint, logs):
+        took = logs.get("checkpoint_seconds")
+        took = f", {took:.2f} s" if took is not None else ""
         self.echo(f"Checkpoint {checkpoint} (epoch {progress.used_epoch + 1}, offset {progress.offset}/"
-                  f"{progress.train_records})")
+                  f"{progress.train_records}{took})")
 
     def on_export(self, path, kind):
         self.echo(f"Exported {path}")

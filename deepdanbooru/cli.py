@@ -8,6 +8,7 @@ here, and only here.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -47,6 +48,9 @@ def main(ctx, debug):
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     warnings.showwarning = _show_warning
+    # TensorFlow's C++ start-up chatter (CPU feature notes, plugin registration) buries our
+    # own one-line messages; keep it unless the user chose a level or asked for --debug.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if debug else "3")
 
 
 @main.command("create-project")

@@ -355,9 +355,11 @@ def grad_cam(project_path, target, output, threshold, allow_gpu):
 @click.option("--format", "output_format", type=click.Choice(["tflite", "onnx"]),
               help="Default: onnx when --save-path ends in .onnx, else tflite. ONNX needs deepdanbooru[onnx].")
 @click.option("--tolerance", type=click.FloatRange(min=0.0),
-              help="Largest accepted output difference from Keras [default: 1e-4; 0.15 with --optimize-default].")
+              help="Largest accepted output difference from Keras [default: 1e-4; 0.05 with --optimize-default].")
+@click.option("--sample-image", "sample_images", multiple=True, type=click.Path(dir_okay=False, path_type=str),
+              help="Also compare on this image (repeatable), preprocessed as evaluate does.")
 def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_experimental_sparsity,
-                output_format, tolerance):
+                output_format, tolerance, sample_images):
     """Convert a model to TFLite (or ONNX), then check it against Keras on sample inputs.
 
     Exit code 1 (and no file written) when the outputs differ by more than --tolerance.
@@ -366,7 +368,7 @@ def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_
 
     convert(project_path=project_path, model_path=model_path, save_path=save_path,
             optimize_default=optimize_default, optimize_sparsity=optimize_experimental_sparsity,
-            output_format=output_format, tolerance=tolerance, echo=click.echo)
+            output_format=output_format, tolerance=tolerance, sample_images=sample_images, echo=click.echo)
 
 
 def run():

@@ -79,13 +79,24 @@ def test_project_without_export_is_a_clear_error(sample_project, tmp_path):
     assert "train-project" in result.output
 
 
-def test_project_export_is_converted(sample_project, keras_model, tmp_path):
+def test_project_export_is_converted_and_compared_on_real_images(sample_project, sample_dataset, keras_model,
+                                                                 tmp_path):
+    from deepdanbooru.dataset.records import load_records
+
     path, _ = keras_model
     (sample_project / "model-resnet_small.keras").write_bytes(path.read_bytes())
+    database, _ = sample_dataset
+    real = load_records(database, 1, ("jpg", "jpeg", "png")).paths()[:2]
     output = tmp_path / "project.tflite"
-    result = run_cli("conv2tflite", "--project-path", sample_project, "--save-path", output)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff")
+    refused = run_cli("conv2tflite", "--project-path", sample_project, "--save-path", output, "--sample-image", broken)
+    assert refused.exit_code == 2 and f"{broken}: unusable sample image" in refused.output
+    result = run_cli("conv2tflite", "--project-path", sample_project, "--save-path", output,
+                     *[arg for image in real for arg in ("--sample-image", image)])
     assert result.exit_code == 0, result.output
     assert f"Converted {sample_project / 'model-resnet_small.keras'}" in result.output
+    assert "on 10 sample inputs" in result.output
     assert output.stat().st_size > 100_000
 
 

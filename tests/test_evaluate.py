@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +109,258 @@ def test_writers():
 
 
 # --- the commands, with a real model ---
+
+
+TAGS = ["red", "green", "blue"]
+
+
+def colour_model():
+    """Scores a tag by its colour channel's mean m: sigmoid(20 m - 10), built-in layers only.
+
+    A pure red image scores red 0.99995; a channel at 0.6 scores 0.881.
+    """
+    keras = pytest.importorskip("keras")
+    inputs = keras.Input((32, 32, 3))
+    x = keras.layers.Conv2D(3, 1, kernel_initializer=keras.initializers.Constant(20 * np.eye(3).reshape(1, 1, 3, 3)),
+                            bias_initializer=keras.initializers.Constant(-10.0), name="head_conv")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Activation("sigmoid", name="output")(x)
+    return keras.Model(inputs, outputs)
+
+
+def sigmoid(x):
+    return float(1 / (1 + np.exp(-x)))
+
+
+def solid(path, rgb, size=(40, 24)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, rgb).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def colour_model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("colour") / "colour.keras"
+    colour_model().save(path)
+    return path
+
+
+@pytest.fixture
+def project(tmp_path, colour_model_file):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project.json").write_text(json.dumps({"image_width": 32, "image_height": 32, "model": "resnet_small"}))
+    (project / "tags.txt").write_text("\n".join(TAGS) + "\n")
+    (project / "model-resnet_small.keras").write_bytes(colour_model_file.read_bytes())
+    return project
+
+
+@pytest.fixture
+def images(tmp_path):
+    folder = tmp_path / "images"
+    return {
+        "red": solid(folder / "red.png", (255, 0, 0)),
+        "yellow": solid(folder / "yellow.png", (153, 153, 0)),  # 0.6 red, 0.6 green
+        "green": solid(folder / "deep" / "green.png", (0, 255, 0)),
+    }
+
+
+HIGH, MID, LOW = sigmoid(10), sigmoid(2), sigmoid(-10)
+
+
+def test_text_output_like_deepdanbooru(project, images):
+    result = run_cli("evaluate", images["red"], images["yellow"], "--project-path", project)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"Tags of {images['red']}:\n({HIGH:05.3f}) red\n\n"
+        f"Tags of {images['yellow']}:\n({MID:05.3f}) red\n({MID:05.3f}) green\n\n")
+    assert result.stderr == ""
+
+
+def test_json_and_csv_outputs(project, images):
+    result = run_cli("evaluate", images["yellow"], images["red"], "--project-path", project, "--format", "json",
+                     "--threshold", "0.001")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["path"] for r in records] == [str(images["red"]), str(images["yellow"])]  # natural order
+    assert records[0]["tags"] == {"red": pytest.approx(HIGH, abs=1e-6)}
+    assert records[1]["tags"] == {"red": pytest.approx(MID, abs=1e-5), "green": pytest.approx(MID, abs=1e-5)}
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--format", "csv")
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert rows[0] == ["path", "tag", "score"]
+    assert [(r[0], r[1]) for r in rows[1:]] == [(str(images["yellow"]), "red"), (str(images["yellow"]), "green")]
+    assert float(rows[1][2]) == pytest.approx(MID, abs=1e-5)
+
+
+def test_folder_recursion_filters_natural_order_and_save_txt(project, tmp_path):
+    folder = tmp_path / "shots"
+    for name, rgb in [("img10.png", (0, 0, 255)), ("img2.png", (255, 0, 0)), ("sub/img1.png", (0, 255, 0)),
+                      ("skip.bmp", (255, 0, 0))]:
+        solid(folder / name, rgb)
+    refused = run_cli("evaluate", folder, "--project-path", project)
+    assert refused.exit_code == 2 and "is a folder; pass --allow-folder" in refused.output
+    result = run_cli("evaluate", folder, "--project-path", project, "--allow-folder", "--folder-filters", "*.png",
+                     "--save-txt", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["path"] for line in result.stdout.splitlines()] == [
+        str(folder / "img2.png"), str(folder / "img10.png"), str(folder / "sub" / "img1.png")]
+    assert (folder / "img2.txt").read_text() == "red"
+    assert (folder / "img10.txt").read_text() == "blue"
+    assert (folder / "sub" / "img1.txt").read_text() == "green"
+    assert not (folder / "skip.txt").exists()
+
+
+def test_save_txt_joins_tags_with_commas(project, images):
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--save-txt")
+    assert result.exit_code == 0, result.output
+    assert images["yellow"].with_suffix(".txt").read_text() == "red, green"
+
+
+def test_thresholds_csv(project, images, tmp_path):
+    thresholds = write_thresholds(tmp_path / "model.thresholds.csv", [("red", 0.95), ("green", 0.5)])
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--thresholds-csv", thresholds,
+                     "--format", "json", "--threshold", "0.00001")
+    assert result.exit_code == 0, result.output
+    # red 0.881 < 0.95 drops out; green keeps 0.5; blue (not in the CSV) uses --threshold.
+    assert json.loads(result.stdout)["tags"] == {"green": pytest.approx(MID, abs=1e-5),
+                                                 "blue": pytest.approx(LOW, abs=1e-6)}
+    foreign = write_thresholds(tmp_path / "other.thresholds.csv", [("cat", 0.5)])
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--thresholds-csv", foreign)
+    assert result.exit_code == 2 and "'cat' is not in the model's tags.txt" in result.stderr
+
+
+def test_corrupt_image_is_reported_and_skipped_with_exit_code_1(project, images, tmp_path):
+    truncated = tmp_path / "images" / "broken.png"
+    truncated.write_bytes(images["red"].read_bytes()[:60])
+    not_image = tmp_path / "images" / "notes.jpg"
+    not_image.write_text("hello")
+    result = run_cli("evaluate", tmp_path / "images", "--project-path", project, "--allow-folder", "--format", "json")
+    assert result.exit_code == 1
+    tagged = [json.loads(line)["path"] for line in result.stdout.splitlines()]
+    assert tagged == [str(images["green"]), str(images["red"]), str(images["yellow"])]
+    errors = result.stderr.splitlines()
+    assert errors[0].startswith(f"skipped {truncated}: ")
+    assert errors[1] == f"skipped {not_image}: not an image (unrecognised file signature)"
+    assert errors[2] == "2 of 5 images could not be read and were skipped"
+
+
+def test_model_from_files_and_source_errors(project, images, colour_model_file, tmp_path):
+    tags = project / "tags.txt"
+    result = run_cli("evaluate", images["red"], "--model-path", colour_model_file, "--tags-path", tags)
+    assert result.exit_code == 0 and "(1.000) red" in result.stdout
+    result = run_cli("evaluate", images["red"], "--model-path", colour_model_file)
+    assert result.exit_code == 2
+    assert result.stderr == "error: --model-path needs --tags-path (the tags.txt the model was trained with)\n"
+    result = run_cli("evaluate", images["red"])
+    assert result.exit_code == 2 and "give --project-path, or --model-path with --tags-path" in result.stderr
+    two_tags = tmp_path / "two.txt"
+    two_tags.write_text("red\ngreen\n")
+    result = run_cli("evaluate", images["red"], "--model-path", colour_model_file, "--tags-path", two_tags)
+    assert result.exit_code == 2 and f"{two_tags} lists 2 tags" in result.stderr
+    result = run_cli("evaluate", tmp_path / "nope.png", "--project-path", project)
+    assert result.exit_code == 2 and "nope.png: not found" in result.stderr
+
+
+def test_missing_export_is_a_clear_error_and_legacy_h5_is_used(project, images):
+    export = project / "model-resnet_small.keras"
+    model_bytes = export.read_bytes()
+    export.unlink()
+    result = run_cli("evaluate", images["red"], "--project-path", project)
+    assert result.exit_code == 2
+    assert "no exported model (looked for model-resnet_small.keras, model-resnet_small.float32.keras, " \
+           "model-resnet_small.h5)" in result.stderr
+    (project / "model-resnet_small.e3.keras").write_bytes(model_bytes)
+    result = run_cli("evaluate", images["red"], "--project-path", project)
+    assert "use it with --model-path" in result.stderr and "model-resnet_small.e3.keras" in result.stderr
+    colour_model().save(project / "model-resnet_small.h5")
+    result = run_cli("evaluate", images["red"], "--project-path", project, "--verbose")
+    assert result.exit_code == 0, result.output
+    assert "model-resnet_small.h5 (input 32x32, 3 tags" in result.stderr
+    assert "(1.000) red" in result.stdout
+
+
+def test_evaluate_project_shares_the_code(project, images):
+    expected = run_cli("evaluate", images["yellow"].parent, "--project-path", project, "--allow-folder").stdout
+    result = run_cli("evaluate-project", project, images["yellow"].parent)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected and "Tags of" in expected
+    single = run_cli("evaluate-project", project, images["red"], "--threshold", "0.99")
+    assert single.stdout == f"Tags of {images['red']}:\n({HIGH:05.3f}) red\n\n"
+
+
+def test_batches_match_one_image_at_a_time(tmp_path):
+    """Batched, traced prediction equals calling the model on each preprocessed image alone."""
+    tf = pytest.importorskip("tensorflow")
+    from deepdanbooru.models.builder import build_model
+    from deepdanbooru.pipeline import preprocess_for_inference
+
+    model = build_model("resnet_small", (32, 32, 3), 3, seed=4)
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        if weight.path.endswith("gamma"):
+            weight.assign(rng.uniform(0.5, 1.5, weight.shape).astype("float32"))
+    model_path = tmp_path / "m.keras"
+    model.save(model_path)
+    tags = tmp_path / "tags.txt"
+    tags.write_text("\n".join(TAGS))
+    paths = []
+    for index in range(5):
+        path = tmp_path / f"p{index}.png"
+        Image.fromarray(rng.integers(0, 256, (20 + 7 * index, 33, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    outputs = {}
+    for batch_size in ("1", "2", "8"):
+        result = run_cli("evaluate", *paths, "--model-path", model_path, "--tags-path", tags, "--threshold", "0",
+                         "--format", "json", "--batch-size", batch_size)
+        assert result.exit_code == 0, result.output
+        outputs[batch_size] = [json.loads(line) for line in result.stdout.splitlines()]
+    assert outputs["1"] == outputs["2"] == outputs["8"]
+    for path, record in zip(paths, outputs["2"]):
+        image = preprocess_for_inference(tf.io.read_file(str(path)), height=32, width=32, max_image_pixels=10**8)
+        expected = model(image[None], training=False).numpy()[0]
+        assert list(record["tags"]) == TAGS
+        np.testing.assert_allclose(list(record["tags"].values()), expected, atol=2e-6)
+
+
+def test_round_trip_import_make_tags_train_evaluate(tmp_path):
+    """Own pictures with .txt tags -> dataset -> tags.txt -> a tiny trained model -> evaluate --save-txt."""
+    rng = np.random.default_rng(7)
+    source = tmp_path / "pictures"
+    source.mkdir()
+    for index in range(16):
+        colour = "red" if index % 2 else "blue"
+        pixels = np.zeros((40, 40, 3), dtype=np.uint8)
+        pixels[..., 0 if colour == "red" else 2] = 200
+        pixels += rng.integers(0, 40, pixels.shape, dtype=np.uint8)
+        Image.fromarray(pixels).save(source / f"pic{index}.png")
+        (source / f"pic{index}.txt").write_text(f"{colour}, plain background")
+    dataset = tmp_path / "dataset"
+    assert run_cli("import-images", source, dataset).exit_code == 0
+    project = tmp_path / "project"
+    assert run_cli("create-project", project).exit_code == 0
+    config = json.loads((project / "project.json").read_text())
+    config.update({"database_path": str(dataset / "dataset.sqlite"), "minimum_tag_count": 0,
+                   "model": "resnet_small", "image_width": 32, "image_height": 32, "minibatch_size": 8,
+                   "epoch_count": 2, "validation_fraction": 0.0})
+    (project / "project.json").write_text(json.dumps(config))
+    made = run_cli("make-tags", project)
+    assert made.exit_code == 0, made.output
+    tags = (project / "tags.txt").read_text().split()
+    assert sorted(tags) == ["blue", "plain_background", "red"]
+    trained = run_cli("train-project", project)
+    assert trained.exit_code == 0, trained.output
+    assert (project / "model-resnet_small.keras").is_file()
+
+    targets = tmp_path / "to_tag"
+    targets.mkdir()
+    for index in (0, 1, 10):
+        (targets / f"pic{index}.png").write_bytes((source / f"pic{index}.png").read_bytes())
+    result = run_cli("evaluate", targets, "--project-path", project, "--allow-folder", "--format", "json",
+                     "--threshold", "0", "--save-txt")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [Path(r["path"]).name for r in records] == ["pic0.png", "pic1.png", "pic10.png"]
+    for record in records:
+        assert list(record["tags"]) == tags
+        assert all(0.0 <= score <= 1.0 for score in record["tags"].values())
+        assert Path(record["path"]).with_suffix(".txt").read_text() == ", ".join(tags)

@@ -122,3 +122,84 @@ def test_heat_colours_and_overlay_ranges():
     overlay = gradcam_overlay(image, np.linspace(0, 1, 16).reshape(4, 4))
     assert overlay.min() >= 0 and overlay.max() <= 1
     assert np.array_equal(masked_image(image, np.zeros((4, 4))), np.zeros((4, 4, 3)))
+
+
+def run_cli(*args):
+    from click.testing import CliRunner
+
+    from deepdanbooru.cli import main
+
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+WEIRD_TAGS = ["a/b", "a_b", ".hidden", "con"]
+
+
+@pytest.fixture
+def gradcam_project(tmp_path, small_model):
+    import json
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project.json").write_text(json.dumps({"image_width": 64, "image_height": 64, "model": "resnet_small"}))
+    (project / "tags.txt").write_text("\n".join(WEIRD_TAGS) + "\n")
+    small_model.save(project / "model-resnet_small.keras")
+    return project
+
+
+def test_grad_cam_writes_pngs_per_tag_with_safe_names(gradcam_project, tmp_path, small_model):
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, (80, 50, 3), dtype=np.uint8)).save(images / "cat.png")
+    Image.fromarray(rng.integers(0, 256, (30, 30, 3), dtype=np.uint8)).save(images / "dog.jpg")
+    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    output = tmp_path / "out"
+    result = run_cli("grad-cam", gradcam_project, images, output, "--threshold", "0")
+    assert result.exit_code == 1  # broken.png was skipped
+    assert f"skipped {images / 'broken.png'}: " in result.stderr
+    assert f"{images / 'cat.png'}: 4 tags -> {output / 'cat'}" in result.stdout
+    expected = {f"{stem}.{kind}.png" for stem in ("a_b", "a_b-2", "_hidden", "_con")
+                for kind in ("gradcam", "saliency", "masked")}
+    for name in ("cat", "dog"):
+        folder = output / name
+        assert {p.name for p in folder.iterdir()} == expected
+        with Image.open(folder / "a_b.gradcam.png") as picture:
+            assert picture.size == (64, 64) and picture.mode == "RGB"
+        with Image.open(folder / "_con.saliency.png") as picture:
+            assert picture.size == (64, 64) and picture.mode == "L"
+            assert np.asarray(picture).max() == 255  # normalised: the strongest gradient is white
+    assert not (output / "broken").exists()
+    assert sorted(p.name for p in output.iterdir()) == ["cat", "dog"]
+
+
+def test_grad_cam_threshold_and_default_output(gradcam_project, tmp_path, monkeypatch):
+    from PIL import Image
+
+    image = tmp_path / "one.png"
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(image)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    nothing = run_cli("grad-cam", gradcam_project, image, "--threshold", "1")
+    assert nothing.exit_code == 0, nothing.output
+    assert "no tag scored 1.0 or more; nothing written" in nothing.stdout
+    assert list(work.iterdir()) == []
+    result = run_cli("grad-cam", gradcam_project, image, "--threshold", "0")
+    assert result.exit_code == 0, result.output
+    assert len(list((work / "one").glob("*.png"))) == 12
+
+
+def test_grad_cam_needs_an_exported_model(tmp_path):
+    import json
+
+    project = tmp_path / "empty"
+    project.mkdir()
+    (project / "project.json").write_text(json.dumps({"model": "resnet_small"}))
+    (project / "tags.txt").write_text("a\n")
+    image = tmp_path / "x.png"
+    image.write_bytes(b"")
+    result = run_cli("grad-cam", project, image)
+    assert result.exit_code == 2 and "no exported model" in result.stderr

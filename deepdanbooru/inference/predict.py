@@ -70,11 +70,42 @@ class Tagger:
     def scores(self, images) -> np.ndarray:
         return np.asarray(self._call(images), dtype=np.float32)
 
+    def batches(self, paths, batch_size: int, on_skip: Callable[[int, str], None]):
+        """(indices into paths, preprocessed images) batch by batch, in order.
+
+        The shared pipeline drops unreadable images; positions are ascending,
+        so each gap is reported through on_skip(index, reason) as soon as the
+        next image past it arrives (and the tail gaps at the end).
+        """
+        from deepdanbooru.pipeline import diagnose, inference_dataset
+
+        dataset = inference_dataset([str(path) for path in paths], height=self.height, width=self.width,
+                                    batch_size=batch_size, max_image_pixels=self.max_image_pixels)
+        expected = 0
+
+        def skip_until(stop):
+            for index in range(expected, stop):
+                on_skip(index, diagnose(paths[index], self.max_image_pixels))
+
+        for batch in dataset:
+            positions = batch["position"].numpy()
+            for position in positions:
+                skip_until(int(position))
+                expected = int(position) + 1
+            yield positions, batch["image"]
+        skip_until(len(paths))
+
     def predict(self, paths, batch_size: int, on_skip: Callable[[int, str], None]) -> Iterator[tuple[int, np.ndarray]]:
         """(index into paths, scores) for every readable image, in order; on_skip(index, reason) for the rest."""
-        from deepdanbooru.pipeline import inference_dataset
+        for positions, images in self.batches(paths, batch_size, on_skip):
+            scores = self.scores(images)
+            for position, row in zip(positions, scores):
+                yield int(position), row
 
-        raise NotImplementedError  # replaced once the pipeline API is final
+    def images(self, paths, on_skip: Callable[[int, str], None]) -> Iterator[tuple[int, np.ndarray]]:
+        """(index into paths, float32 [height, width, 3] image) one by one, for per-image tools."""
+        for positions, images in self.batches(paths, 1, on_skip):
+            yield int(positions[0]), images[0].numpy()
 
 
 def load_tagger(files, tags, compile_model=True) -> Tagger:

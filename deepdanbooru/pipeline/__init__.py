@@ -1,1 +1,96 @@
+"""The streaming input pipeline: one code path for training, validation and inference (SPEC section 3).
 
+Importing this package imports TensorFlow. Everything per image runs as
+TensorFlow ops inside tf.data (no py_function).
+
+Datasets
+--------
+training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
+                 seed, random_seed, start_position, batch_size, max_image_pixels,
+                 num_parallel_calls=tf.data.AUTOTUNE) -> tf.data.Dataset
+    paths / tag_strings: the records of ONE slice, already in epoch order;
+    element i has epoch position start_position + i, and its augmentation is
+    a pure function of (seed, random_seed, start_position + i), whatever the
+    process or the parallelism. Ranges are (low, high) or None/[] (disabled),
+    as in ProjectConfig. Yields dicts
+        {"image": float32 [b, height, width, 3] in [0, 1],
+         "label": float32 [b, len(tags)] multi-hot in tags order,
+         "position": int64 [b]}
+    b < batch_size at the end, and batches are refilled past dropped records,
+    so the number of batches is ceil(usable / batch_size).
+
+inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag_strings=None, tags=None,
+                  num_parallel_calls=tf.data.AUTOTUNE) -> tf.data.Dataset
+    Same dicts (with "label" only when tag_strings and tags are given);
+    position i is paths[i]. Inference preprocessing: area-resize keeping
+    aspect into (height, width), centre, replicate border pixels, / 255.
+    Use it for validation and evaluation too.
+
+preprocess_for_inference(data, *, height, width, max_image_pixels) -> float32 [height, width, 3]
+    The inference preprocessing of one encoded image (bytes or a scalar string
+    tensor), for single-file tools (evaluate, grad-cam). Raises
+    tf.errors.InvalidArgumentError on a bad image; diagnose_bytes(data,
+    max_image_pixels) then gives the reason.
+
+No silent drops
+---------------
+Records that cannot be read or decoded (or whose header declares more than
+max_image_pixels pixels, or an unknown format) are left out of the batches.
+BadImageTracker finds and explains them:
+
+    tracker = BadImageTracker(ProjectPaths(p).bad_images, epoch_paths,
+                              max_image_pixels=config.max_image_pixels, context=f"epoch {epoch}")
+    for batch in dataset:
+        tracker.observe(batch["position"].numpy())
+        ...
+    bad = tracker.finish(start_position, len(slice_paths))   # diagnoses and logs the gaps
+
+    epoch_paths[position] must be the record at that position. Log lines
+    appended to logs/bad_images.txt (directories created):
+        <context>\\t<position>\\t<path>\\t<reason>
+    Attributes: seen (records closed by finish), bad, used, bad_fraction,
+    reasons (Counter of reason kinds), last_bad [(position, path, reason)]
+    of the latest finish(). The trainer decides what fraction is too much
+    (project key max_bad_image_fraction) and what to do when a slice yields
+    no batch.
+
+diagnose(path, max_image_pixels) -> str; diagnose_bytes(data, max_image_pixels) -> str | None
+    Reasons start with one of: "file not found", "cannot be read", "empty
+    file (0 bytes)", "not an image (unrecognised file signature)",
+    "oversized", "truncated", "cannot be decoded".
+
+Building blocks
+---------------
+decode_image_bytes(data, max_image_pixels) -> uint8 [h, w, 3]
+    Graph-mode and eager. JPEG (baseline, progressive, grayscale, CMYK), PNG
+    (RGB, RGBA, palette, gray, gray+alpha, 16-bit), GIF (first frame), BMP,
+    WebP (lossy, lossless, alpha, animated: first frame). The format is
+    sniffed from the bytes; the header size is checked before decoding.
+image_header(data) -> (format index, int64 [height, width, frames]); FORMAT_NAMES.
+tag_table(tags), multi_hot(tag_strings, table, n_tags): the label ops.
+Augmentation, warp_parameters, warp_batch: the geometry (see transform.py).
+"""
+
+from deepdanbooru.pipeline.badimages import BadImageTracker, diagnose, diagnose_bytes
+from deepdanbooru.pipeline.dataset import inference_dataset, preprocess_for_inference, training_dataset
+from deepdanbooru.pipeline.decode import decode_image_bytes
+from deepdanbooru.pipeline.header import FORMAT_NAMES, image_header
+from deepdanbooru.pipeline.labels import multi_hot, tag_table
+from deepdanbooru.pipeline.transform import Augmentation, warp_batch, warp_parameters
+
+__all__ = [
+    "Augmentation",
+    "BadImageTracker",
+    "FORMAT_NAMES",
+    "decode_image_bytes",
+    "diagnose",
+    "diagnose_bytes",
+    "image_header",
+    "inference_dataset",
+    "multi_hot",
+    "preprocess_for_inference",
+    "tag_table",
+    "training_dataset",
+    "warp_batch",
+    "warp_parameters",
+]

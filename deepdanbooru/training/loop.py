@@ -208,10 +208,10 @@ class SliceTrainer:
     def _train_slice(self, order: np.ndarray) -> None:
         c = self.counters
         start = c.offset
-        indices = order[start:start + self.slice_records]
+        stop = min(start + self.slice_records, self.n)
         slice_data = data.slice_dataset(self.config, self.plan.tags, self.train_paths, self.train.tag_strings,
-                                        indices, start_position=start, random_seed=c.random_seed,
-                                        bad_image_log=self.paths.bad_images)
+                                        order, start=start, stop=stop, random_seed=c.random_seed,
+                                        epoch=c.used_epoch + 1, bad_image_log=self.paths.bad_images)
         distributed = self.strategy.experimental_distribute_dataset(slice_data.dataset)
         self.step.bind(distributed.element_spec)
         steps = 0
@@ -220,7 +220,7 @@ class SliceTrainer:
             steps += 1
             c.used_minibatch += 1
             slice_data.observe(self.strategy.experimental_local_results(batch["position"]))
-            position = min(start + steps * self.config.minibatch_size, start + len(indices))
+            position = min(start + steps * self.config.minibatch_size, stop)
             for monitor in self.monitors:
                 monitor.on_step(self._progress(), position)
             if c.used_minibatch % self.config.console_logging_frequency_mb == 0:
@@ -230,18 +230,17 @@ class SliceTrainer:
         if steps == 0:
             raise TrainingError(file_field(
                 self.paths.bad_images, None,
-                f"no usable batch in records {start}..{start + len(indices) - 1} of epoch {c.used_epoch + 1}: "
-                f"all {len(indices)} images failed to load (they are listed in this file)"))
+                f"no usable batch in records {start}..{stop - 1} of epoch {c.used_epoch + 1}: "
+                f"all {stop - start} images failed to load (they are listed in this file)"))
         c.epoch_bad_images += bad
-        seen = start + len(indices)
-        if c.epoch_bad_images > self.config.max_bad_image_fraction * seen:
+        if c.epoch_bad_images > self.config.max_bad_image_fraction * stop:
             raise TrainingError(file_field(
                 self.paths.bad_images, None,
-                f"{c.epoch_bad_images} of {seen} images in epoch {c.used_epoch + 1} failed to load, more than "
+                f"{c.epoch_bad_images} of {stop} images in epoch {c.used_epoch + 1} failed to load, more than "
                 f"max_bad_image_fraction {self.config.max_bad_image_fraction} of {self.config.config_path}; "
                 "fix or remove the images listed in this file, or raise the limit"))
         c.used_sample = self._base_samples + int(self.step.counters.total_samples.numpy())
-        c.offset += len(indices)
+        c.offset = stop
         saving = time.monotonic()
         path = self._save_checkpoint()
         logs: dict = {"checkpoint_seconds": time.monotonic() - saving}
@@ -334,7 +333,7 @@ class SliceTrainer:
             slice_records=self.slice_records, slices_per_epoch=slices, policy=self.policy,
             resumed_from=self.latest, start=self._progress(),
             source_model=str(self.plan.source_model) if self.plan.source_model else None,
-            extras={"model": self.model, "strategy": self.strategy, "plan": self.plan})
+            extras={"model": self.model, "optimizer": self.optimizer, "strategy": self.strategy, "plan": self.plan})
 
 
 def train(plan, monitors, echo=print) -> Counters:

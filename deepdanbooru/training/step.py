@@ -74,6 +74,8 @@ class TrainStep:
 
     def _replica_step(self, images, labels):
         variables = self.model.trainable_variables
+        # The pipeline's multi-hot op loses the static rank; Keras losses need it.
+        labels = tf.ensure_shape(labels, [None, self.model.output_shape[-1]])
         local = tf.shape(labels)[0]
         global_batch = tf.distribute.get_replica_context().all_reduce(_SUM, local)
         with tf.GradientTape() as tape:

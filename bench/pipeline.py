@@ -1,0 +1,234 @@
+"""Input pipeline throughput: training batches exactly as training makes them vs the read + decode + resize bound.
+
+    python bench/pipeline.py [--dataset DIR --tags FILE] [--size 299] [--batch 32] [--images N]
+                             [--repeats R] [--large-images M]
+
+Without --dataset it generates a DeepDanbooru-layout dataset of 512x512 JPEGs in
+a temporary directory. (a) `pipeline`: deepdanbooru.pipeline.training_dataset
+with the project.json default augmentation (rotation 0-360, scale 0.9-1.1,
+shift +-0.1), labels, positions and the bad-image bookkeeping the trainer does.
+(b) `bound`: read + tf.io.decode_image + bilinear resize to fit + centre pad +
+/255, same batch size and parallelism, no augmentation. The two alternate R
+times; the best pass of each counts (other processes on a shared machine only
+ever slow a pass down). With --large-images M > 0 it also generates M
+2000x1500 JPEGs and compares the pipeline with and without libjpeg's DCT
+scaling against the same bound. The last line printed is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+DEFAULT_AUGMENTATION = {"rotation_range": (0.0, 360.0), "scale_range": (0.9, 1.1), "shift_range": (-0.1, 0.1)}
+BENCH_TAGS = [f"tag_{i}" for i in range(1000)]
+
+
+def _illustration(rng, height, width) -> Image.Image:
+    # Smooth colour fields, grain and strokes: compresses and decodes like a drawing, not like noise.
+    field = Image.fromarray((rng.random((12, 12, 3)) * 255).astype(np.uint8)).resize((width, height), Image.BICUBIC)
+    pixels = np.asarray(field).astype(np.int16) + rng.integers(-10, 11, (height, width, 3), dtype=np.int16)
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(24):
+        points = [tuple(int(v) for v in rng.integers(0, (width, height))) for _ in range(2)]
+        draw.line(points, fill=tuple(int(v) for v in rng.integers(0, 256, 3)), width=int(rng.integers(1, 5)))
+    return image
+
+
+def generate_dataset(directory: Path, count: int, height: int, width: int, seed: int) -> tuple[Path, Path]:
+    """A DeepDanbooru-layout dataset (SQLite posts + images/xx/md5.jpg) and its tags.txt."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    database = directory / "bench.sqlite"
+    rows = []
+    for post_id in range(1, count + 1):
+        md5 = hashlib.md5(f"{seed}-{post_id}".encode()).hexdigest()
+        path = directory / "images" / md5[:2] / f"{md5}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _illustration(rng, height, width).save(path, quality=90)
+        tags = " ".join(rng.choice(BENCH_TAGS, size=int(rng.integers(5, 40)), replace=False))
+        rows.append((post_id, md5, "jpg", tags, len(tags.split())))
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE posts (id INTEGER PRIMARY KEY, md5 TEXT, file_ext TEXT, "
+                           "tag_string TEXT, tag_count_general INTEGER)")
+        connection.executemany("INSERT INTO posts VALUES (?, ?, ?, ?, ?)", rows)
+    tags_path = directory / "tags.txt"
+    tags_path.write_text("\n".join(BENCH_TAGS) + "\n", encoding="utf-8")
+    return database, tags_path
+
+
+def load_dataset(directory: Path, tags_path: Path, limit: int):
+    from deepdanbooru.dataset.records import load_records
+    from deepdanbooru.project.config import IMAGE_EXTENSIONS
+    from deepdanbooru.project.tags import load_tags
+
+    databases = sorted(p for p in directory.iterdir() if p.suffix in (".sqlite", ".sqlite3", ".db"))
+    if not databases:
+        sys.exit(f"{directory}: no .sqlite/.sqlite3/.db file")
+    records = load_records(databases[0], 0, IMAGE_EXTENSIONS)
+    if len(records) == 0:
+        sys.exit(f"{databases[0]}: no eligible posts")
+    count = min(limit, len(records))
+    return records.paths()[:count], records.tag_strings[:count], load_tags(tags_path)
+
+
+def bound_dataset(paths, size: int, batch: int):
+    import tensorflow as tf
+
+    def load(path):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        shape = tf.cast(tf.shape(image)[:2], tf.float32)
+        factor = tf.minimum(size / shape[0], size / shape[1])
+        target = tf.maximum(tf.cast(tf.round(shape * factor), tf.int32), 1)
+        resized = tf.image.resize(image, target, method="bilinear")
+        return tf.image.resize_with_crop_or_pad(resized, size, size) / 255.0
+
+    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(paths, tf.string))
+    dataset = dataset.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
+def pipeline_dataset(paths, tag_strings, tags, size: int, batch: int, dct_scaling: bool = True):
+    from deepdanbooru.pipeline import training_dataset
+
+    return training_dataset(paths, tag_strings, tags, height=size, width=size, **DEFAULT_AUGMENTATION,
+                            seed=0, random_seed=0, start_position=0, batch_size=batch,
+                            max_image_pixels=89_478_485, jpeg_dct_scaling=dct_scaling)
+
+
+def timed_pass(make_dataset, log_dir: Path, paths, max_image_pixels=89_478_485) -> tuple[float, float]:
+    """(images per wall second, images per CPU second of this process) for one full pass, start-up included."""
+    from deepdanbooru.pipeline import BadImageTracker
+
+    tracker = BadImageTracker(log_dir / "bad_images.txt", paths, max_image_pixels=max_image_pixels)
+    wall, cpu = time.perf_counter(), time.process_time()
+    count = 0
+    accounted = False
+    for batch in make_dataset():
+        if isinstance(batch, dict):
+            accounted = True
+            tracker.observe(batch["position"].numpy())
+            batch["label"].numpy()
+            images = batch["image"].numpy()
+        else:
+            images = batch.numpy()
+        count += images.shape[0]
+    if accounted:
+        tracker.finish(0, len(paths))  # the trainer's end-of-slice check
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if count != len(paths):
+        sys.exit(f"a pass produced {count} images for {len(paths)} records")
+    return count / wall, count / cpu
+
+
+def compare(contestants: dict, repeats: int, log_dir: Path, paths) -> dict[str, dict[str, float]]:
+    for make in contestants.values():  # warm-up: tracing, XLA compilation, file cache
+        timed_pass(make, log_dir, paths)
+    passes: dict[str, list] = {name: [] for name in contestants}
+    for _ in range(repeats):
+        for name, make in contestants.items():
+            passes[name].append(timed_pass(make, log_dir, paths))
+    results = {}
+    for name, values in passes.items():
+        walls = [w for w, _ in values]
+        results[name] = {"best": max(walls), "median": float(np.median(walls)),
+                         "cpu": max(c for _, c in values)}
+        print(f"  {name:<22} best {results[name]['best']:7.0f} images/s   median {results[name]['median']:7.0f}"
+              f"   {results[name]['cpu']:6.0f} images per CPU-second   passes: "
+              + " ".join(f"{w:.0f}" for w in walls), flush=True)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", type=Path, help="DeepDanbooru-layout dataset directory (default: generated)")
+    parser.add_argument("--tags", type=Path, help="tags.txt (required with --dataset)")
+    parser.add_argument("--size", type=int, default=299)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--images", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--large-images", type=int, default=64,
+                        help="also measure this many generated 2000x1500 JPEGs (0: skip)")
+    args = parser.parse_args(argv)
+    if args.dataset and not args.tags:
+        parser.error("--tags is required with --dataset")
+
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as scratch:
+        scratch = Path(scratch)
+        if args.dataset:
+            dataset_dir, tags_path = args.dataset, args.tags
+        else:
+            print(f"generating {args.images} 512x512 JPEGs ...", flush=True)
+            _, tags_path = generate_dataset(scratch / "small", args.images, 512, 512, seed=1)
+            dataset_dir = scratch / "small"
+        paths, tag_strings, tags = load_dataset(dataset_dir, tags_path, args.images)
+        print(f"{len(paths)} images from {dataset_dir}, {len(tags)} tags, size {args.size}, batch {args.batch}, "
+              f"TensorFlow {tf.__version__}, {os.cpu_count()} CPUs", flush=True)
+
+        def pipeline():
+            return pipeline_dataset(paths, tag_strings, tags, args.size, args.batch)
+
+        def bound():
+            return bound_dataset(paths, args.size, args.batch)
+
+        main_results = compare({"pipeline": pipeline, "bound": bound}, args.repeats, scratch, paths)
+        summary = {
+            "pipeline_images_per_s": round(main_results["pipeline"]["best"], 1),
+            "bound_images_per_s": round(main_results["bound"]["best"], 1),
+            "ratio": round(main_results["pipeline"]["best"] / main_results["bound"]["best"], 3),
+            "ratio_median": round(main_results["pipeline"]["median"] / main_results["bound"]["median"], 3),
+            "ratio_cpu": round(main_results["pipeline"]["cpu"] / main_results["bound"]["cpu"], 3),
+            "images": len(paths), "size": args.size, "batch": args.batch, "cpus": os.cpu_count(),
+        }
+        print(f"ratio pipeline / bound: {summary['ratio']:.3f} (best), {summary['ratio_median']:.3f} (median), "
+              f"{summary['ratio_cpu']:.3f} (per CPU-second)", flush=True)
+
+        if args.large_images > 0:
+            print(f"generating {args.large_images} 2000x1500 JPEGs ...", flush=True)
+            _, large_tags_path = generate_dataset(scratch / "large", args.large_images, 1500, 2000, seed=2)
+            large_paths, large_strings, large_tags = load_dataset(scratch / "large", large_tags_path,
+                                                                  args.large_images)
+
+            def pipeline_dct():
+                return pipeline_dataset(large_paths, large_strings, large_tags, args.size, args.batch, True)
+
+            def pipeline_full_decode():
+                return pipeline_dataset(large_paths, large_strings, large_tags, args.size, args.batch, False)
+
+            def bound_large():
+                return bound_dataset(large_paths, args.size, args.batch)
+
+            large = compare({"pipeline (DCT scaling)": pipeline_dct, "pipeline (full decode)": pipeline_full_decode,
+                             "bound (full decode)": bound_large}, max(2, args.repeats // 2), scratch, large_paths)
+            best = {name: value["best"] for name, value in large.items()}
+            summary.update({
+                "large_pipeline_dct_images_per_s": round(best["pipeline (DCT scaling)"], 1),
+                "large_pipeline_full_decode_images_per_s": round(best["pipeline (full decode)"], 1),
+                "large_bound_images_per_s": round(best["bound (full decode)"], 1),
+                "large_dct_speedup": round(best["pipeline (DCT scaling)"] / best["pipeline (full decode)"], 2),
+                "large_ratio": round(best["pipeline (DCT scaling)"] / best["bound (full decode)"], 3),
+            })
+            print(f"large sources: DCT scaling speeds the pipeline up {summary['large_dct_speedup']:.2f}x; "
+                  f"pipeline / full-decode bound = {summary['large_ratio']:.3f}", flush=True)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

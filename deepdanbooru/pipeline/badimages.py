@@ -1,0 +1,161 @@
+"""No silent drops: find the records the pipeline dropped, say why, count them and log them.
+
+The datasets drop failing records with `ignore_errors()` (TensorFlow cannot
+catch a decode error inside the graph) but every element carries its position,
+so the missing positions are exactly the dropped records. Each is then re-read
+here, in Python, and diagnosed with the same header parser and decoder the
+pipeline uses, run eagerly.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from deepdanbooru.pipeline.decode import decode_image_bytes
+from deepdanbooru.pipeline.header import FORMAT_NAMES, UNKNOWN, declared_pixels, image_header
+
+# Reasons, as written in the third column of bad_images.txt (the details follow a colon).
+MISSING = "file not found"
+UNREADABLE = "cannot be read"
+EMPTY = "empty file (0 bytes)"
+NOT_AN_IMAGE = "not an image (unrecognised file signature)"
+OVERSIZED = "oversized"
+TRUNCATED = "truncated"
+UNDECODABLE = "cannot be decoded"
+UNEXPLAINED = "dropped by the pipeline but decodes when re-read (transient read error?)"
+
+
+def _tf_message(error: Exception) -> str:
+    text = getattr(error, "message", str(error))
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)  # function-node prefixes
+    return " ".join(text.split())[:200]
+
+
+def _looks_truncated(image_format: int, data: bytes) -> bool:
+    """True when the container's own length or end marker says bytes are missing."""
+    name = FORMAT_NAMES[image_format]
+    tail = data[-4096:]
+    if name == "jpeg":
+        return b"\xff\xd9" not in tail
+    if name == "png":
+        return b"IEND" not in tail
+    if name == "gif":
+        return not data.rstrip(b"\0").endswith(b"\x3b")
+    if name == "webp" and len(data) >= 8:
+        return struct.unpack("<I", data[4:8])[0] + 8 > len(data)
+    if name == "bmp" and len(data) >= 6:
+        return struct.unpack("<I", data[2:6])[0] > len(data)
+    return False
+
+
+def diagnose_bytes(data: bytes, max_image_pixels: int) -> str | None:
+    """Why the pipeline cannot use these bytes, or None when they decode."""
+    if not data:
+        return EMPTY
+    tensor = tf.constant(data)
+    try:
+        image_format, size = image_header(tensor)
+    except tf.errors.OpError as error:
+        return f"{UNDECODABLE}: corrupt JPEG header: {_tf_message(error)}"
+    image_format = int(image_format)
+    if image_format == UNKNOWN:
+        return NOT_AN_IMAGE
+    height, width, frames = (int(v) for v in size.numpy())
+    name = FORMAT_NAMES[image_format]
+    pixels = int(declared_pixels(size))
+    if height <= 0 or width <= 0:
+        return f"{UNDECODABLE}: {name} header declares no size"
+    if pixels > max_image_pixels:
+        frames_note = f" x {frames} frames" if frames > 1 else ""
+        return (f"{OVERSIZED}: {name} declares {width}x{height}{frames_note} = {pixels:,} pixels, "
+                f"over max_image_pixels {max_image_pixels:,}")
+    try:
+        decode_image_bytes(tensor, max_image_pixels)
+    except tf.errors.OpError as error:
+        if _looks_truncated(image_format, data):
+            return f"{TRUNCATED}: {name} of {len(data):,} bytes ends early"
+        return f"{UNDECODABLE}: {name}: {_tf_message(error)}"
+    return None
+
+
+def diagnose(path, max_image_pixels: int) -> str:
+    """Why the pipeline dropped the image at `path` (never None: re-reading may also succeed)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return MISSING
+    except IsADirectoryError:
+        return f"{UNREADABLE}: is a directory"
+    except OSError as error:
+        return f"{UNREADABLE}: {error.strerror or error}"
+    return diagnose_bytes(data, max_image_pixels) or UNEXPLAINED
+
+
+class BadImageTracker:
+    """Accounts for every record of a run of datasets: seen, used, bad (with reasons), and logs the bad ones.
+
+    `paths[position]` must be the path of the record at that position (for
+    training: the epoch order; for inference: the list given to the dataset).
+    Lines appended to `log_path`: `<context>\\t<position>\\t<path>\\t<reason>`.
+    """
+
+    def __init__(self, log_path, paths, *, max_image_pixels: int, context: str = "-"):
+        self.log_path = Path(log_path)
+        self.paths = paths
+        self.max_image_pixels = max_image_pixels
+        self.context = context or "-"
+        self.seen = 0  # records accounted for by finish()
+        self.bad = 0
+        self.reasons: collections.Counter[str] = collections.Counter()
+        self.last_bad: list[tuple[int, str, str]] = []  # (position, path, reason) of the latest finish()
+        self._observed: list[np.ndarray] = []
+
+    @property
+    def used(self) -> int:
+        return self.seen - self.bad
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.bad / self.seen if self.seen else 0.0
+
+    def observe(self, positions) -> None:
+        """Positions (int64) of the records in one batch that came out of the dataset."""
+        self._observed.append(np.asarray(positions, dtype=np.int64).reshape(-1))
+
+    def finish(self, start_position: int, count: int) -> int:
+        """Close the range [start_position, start_position + count): diagnose and log its gaps; return their number."""
+        expected = np.arange(start_position, start_position + count, dtype=np.int64)
+        observed = np.concatenate(self._observed) if self._observed else np.zeros(0, np.int64)
+        self._observed = []
+        missing = np.setdiff1d(expected, observed, assume_unique=True)
+        self.last_bad = []
+        for position in missing.tolist():
+            path = str(self.paths[position])
+            reason = diagnose(path, self.max_image_pixels)
+            self.last_bad.append((position, path, reason))
+            self.reasons[reason.split(":", 1)[0]] += 1
+        self.seen += count
+        self.bad += len(missing)
+        if self.last_bad:
+            self._append(self.last_bad)
+        return len(missing)
+
+    def _append(self, entries) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            for position, path, reason in entries:
+                log.write(f"{self.context}\t{position}\t{_one_line(path)}\t{_one_line(reason)}\n")
+            log.flush()
+            os.fsync(log.fileno())
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\t", " ").replace("\n", " ").replace("\r", " ")

@@ -1,0 +1,141 @@
+"""Records -> tf.data batches for training, validation and inference, all through one code path.
+
+Per record, in a parallel map: read, check the header, decode, area-resize onto
+a canvas, draw the warp. Records that fail anywhere are removed by
+`ignore_errors()` *before* batching, and every element carries its position, so
+the gaps in the positions that come out name exactly the records that were
+dropped (BadImageTracker turns them into counts and log lines). Per batch:
+the compiled warp and the multi-hot labels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from deepdanbooru.pipeline.decode import decode_for_box
+from deepdanbooru.pipeline.labels import multi_hot, tag_table
+from deepdanbooru.pipeline.transform import (
+    Augmentation, canvas_size, fit_into_box, place_on_canvas, random_warp, record_key, warp_batch, warp_parameters,
+)
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def _records(paths, positions, tag_strings):
+    columns = {
+        "path": tf.constant(list(paths), tf.string, shape=[len(paths)]),
+        "position": tf.constant(positions, tf.int64, shape=[len(paths)]),
+    }
+    if tag_strings is not None:
+        if len(tag_strings) != len(paths):
+            raise ValueError(f"{len(paths)} paths but {len(tag_strings)} tag strings")
+        columns["tags"] = tf.constant(list(tag_strings), tf.string, shape=[len(paths)])
+    return tf.data.Dataset.from_tensor_slices(columns)
+
+
+@functools.lru_cache(maxsize=32)
+def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scaling):
+    """The per-record work as one tf.function, traced once per configuration instead of once per dataset.
+
+    The trainer builds a dataset per slice; retracing the decoder graph each
+    time cost about half a CPU-second.
+    """
+    scale_max = augmentation.scale_max if augmentation else 1.0
+    canvas = canvas_size(*output_size, scale_max)
+    box = (output_size[0] * scale_max, output_size[1] * scale_max)
+
+    @tf.function(autograph=False, input_signature=[
+        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([2], tf.int64)])
+    def prepare(path, position, seeds):
+        data = tf.io.read_file(path)
+        image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling)
+        content, size, zoom = fit_into_box(image, source, box, canvas)
+        if augmentation is None:
+            parameters = warp_parameters(size, zoom, output_size)
+        else:
+            scale, angle, shift = random_warp(record_key(seeds[0], seeds[1], position), augmentation)
+            parameters = warp_parameters(size, zoom, output_size, scale, angle, shift)
+        return content, size, parameters
+
+    return prepare, canvas
+
+
+def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
+           jpeg_dct_scaling):
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    prepare_record, canvas = _record_function(tuple(output_size), augmentation, int(max_image_pixels),
+                                              bool(jpeg_dct_scaling))
+    seed_pair = tf.constant(seeds, tf.int64)
+
+    def prepare(record):
+        content, size, parameters = prepare_record(record["path"], record["position"], seed_pair)
+        prepared = {"canvas": content, "content": size, "parameters": parameters, "position": record["position"]}
+        if "tags" in record:
+            prepared["tags"] = record["tags"]
+        return prepared
+
+    table = tag_table(tags) if tags is not None else None
+
+    def finish(batch):
+        images = warp_batch(batch["canvas"], batch["parameters"], batch["content"], output_size, batch_size)
+        out = {"image": tf.ensure_shape(images, [None, *output_size, 3]), "position": batch["position"]}
+        if table is not None:
+            out["label"] = tf.ensure_shape(multi_hot(batch["tags"], table, len(tags)), [None, len(tags)])
+        return out
+
+    dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
+    dataset = dataset.ignore_errors()
+    # Padding while batching writes each image once, straight into the batch buffer.
+    shapes = {"canvas": [canvas[0], canvas[1], 3], "content": [2], "parameters": [6], "position": []}
+    if tags is not None:
+        shapes["tags"] = []
+    dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)
+    dataset = dataset.map(finish, num_parallel_calls=num_parallel_calls, deterministic=True)
+    return dataset.prefetch(AUTOTUNE)
+
+
+def training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
+                     seed, random_seed, start_position, batch_size, max_image_pixels,
+                     num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True):
+    """Augmented, labelled batches of one slice; see the package docstring."""
+    augmentation = Augmentation(rotation_range, scale_range, shift_range)
+    positions = np.arange(start_position, start_position + len(paths), dtype=np.int64)
+    records = _records(paths, positions, tag_strings)
+    return _build(
+        records, output_size=(height, width), augmentation=augmentation,
+        seeds=(seed, random_seed),
+        batch_size=batch_size, max_image_pixels=max_image_pixels, tags=tags,
+        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling,
+    )
+
+
+def inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag_strings=None, tags=None,
+                      num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True):
+    """Unaugmented batches (fit, centre, replicate border); labels only when tag_strings and tags are given."""
+    if (tag_strings is None) != (tags is None):
+        raise ValueError("give both tag_strings and tags, or neither")
+    positions = np.arange(len(paths), dtype=np.int64)
+    records = _records(paths, positions, tag_strings)
+    return _build(
+        records, output_size=(height, width), augmentation=None, seeds=(0, 0),
+        batch_size=batch_size, max_image_pixels=max_image_pixels, tags=tags,
+        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling,
+    )
+
+
+def preprocess_for_inference(data, *, height, width, max_image_pixels):
+    """Encoded bytes of one image -> float32 [height, width, 3] in [0, 1], exactly as inference_dataset does it.
+
+    Raises tf.errors.InvalidArgumentError for undecodable or oversized images;
+    use deepdanbooru.pipeline.badimages.diagnose_bytes for a readable reason.
+    """
+    output_size = (height, width)
+    canvas = canvas_size(height, width)
+    image, source = decode_for_box(data, max_image_pixels, output_size)
+    content, size, zoom = fit_into_box(image, source, output_size, canvas)
+    parameters = warp_parameters(size, zoom, output_size)
+    return warp_batch(place_on_canvas(content, canvas)[None], parameters[None], size[None], output_size, 1)[0]

@@ -1,0 +1,321 @@
+"""train-project end to end on a tiny project: exports, checkpoints, resume, refusals, safety."""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+from train_helpers import (
+    assert_same_weights,
+    checkpoint_prefixes,
+    cli_env,
+    make_project,
+    read_state,
+    run_cli,
+    set_config,
+    train_command,
+)
+
+from deepdanbooru.errors import ModelError, TrainingError
+from deepdanbooru.training.monitors import Monitor
+from deepdanbooru.training.train import train_project
+
+EXPORTS = ["model-resnet_small.e1.keras", "model-resnet_small.e2.keras", "model-resnet_small.keras"]
+
+
+class Recorder(Monitor):
+    """Learning rate in force at each slice end, and every export."""
+
+    def __init__(self):
+        self.rates, self.exports, self.optimizer = [], [], None
+
+    def on_train_begin(self, run):
+        self.optimizer = run.extras["optimizer"]
+
+    def on_slice_end(self, progress, checkpoint, logs):
+        self.rates.append((progress.used_epoch, float(self.optimizer.learning_rate.numpy())))
+
+    def on_export(self, path, kind):
+        self.exports.append((path.name, kind))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, sample_dataset):
+    """One uninterrupted two-epoch run, shared read-only: (project, console lines)."""
+    project = make_project(tmp_path_factory.mktemp("trained") / "project", *sample_dataset)
+    lines = []
+    train_project(project, echo=lines.append)
+    return project, lines
+
+
+def test_two_epochs_write_exports_and_at_most_three_checkpoints(trained):
+    project, lines = trained
+    assert sorted(p.name for p in project.glob("*.keras")) == sorted(EXPORTS)
+    assert not list(project.glob(".*.keras"))  # no partial export left behind
+    # 3 slices x 2 epochs + the "complete" checkpoint were written; the latest 3 are kept.
+    assert checkpoint_prefixes(project) == ["ckpt-5", "ckpt-6", "ckpt-7"]
+    state = read_state(project)
+    assert state["checkpoint"] == "ckpt-7" and state["complete"] is True
+    # 24 records, batch 4: 6 steps an epoch (slices of 8, 8, 8 records = 2 full batches each).
+    assert (state["used_epoch"], state["used_minibatch"], state["used_sample"], state["offset"],
+            state["random_seed"]) == (2, 12, 48, 0, 2)
+    assert not (project / ".train.lock").exists()
+    assert "Starting fresh (no checkpoint)" in lines
+    assert "Records: 24 training, 0 validation" in lines
+    progress = [line for line in lines if line.startswith("epoch ")]
+    assert len(progress) == 12  # console_logging_frequency_mb 1
+    assert all("loss" in line and "precision" in line and "recall" in line and "f1" in line
+               and "samples/s" in line and "%" in line and "ETA" in line for line in progress)
+    assert progress[-1].startswith("epoch 2/2 step 12:") and " 100.0% " in progress[-1]
+    assert lines[-1] == "Training complete: 2 epoch(s), 12 steps, 48 samples"
+
+
+def test_export_opens_with_plain_keras_and_holds_no_optimizer(trained):
+    project, _ = trained
+    export = project / "model-resnet_small.keras"
+    with zipfile.ZipFile(export) as archive:
+        names = archive.namelist()
+        assert "model.weights.h5" in names
+        config = json.loads(archive.read("config.json"))
+    assert not config.get("compile_config")
+    # A process that never imports deepdanbooru: only built-in Keras layers, no optimizer variables.
+    script = textwrap.dedent(f"""
+        import io, sys, zipfile, h5py, keras, numpy as np
+        model = keras.models.load_model({str(export)!r})
+        assert "deepdanbooru" not in sys.modules
+        weights = io.BytesIO(zipfile.ZipFile({str(export)!r}).read("model.weights.h5"))
+        with h5py.File(weights, "r") as f:
+            groups = []
+            f.visit(groups.append)
+        assert not [g for g in groups if "optimizer" in g], [g for g in groups if "optimizer" in g]
+        scores = model.predict(np.zeros((1, 32, 32, 3), np.float32), verbose=0)
+        print(model.input_shape, scores.shape, float(scores.min()), float(scores.max()))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=dict(cli_env(), PYTHONPATH=""))
+    assert result.returncode == 0, result.stderr[-2000:]
+    shapes = result.stdout.strip().splitlines()[-1]
+    assert shapes.startswith("(None, 32, 32, 3) (1, 17)")
+
+
+def test_fresh_run_reproducible_and_resume_at_an_epoch_boundary(trained, tmp_path, sample_dataset):
+    """A fresh run repeats the reference bit for bit; stopping after epoch 1 and raising epoch_count
+    continues exactly; running a finished project again trains nothing."""
+    reference, _ = trained
+    project = make_project(tmp_path / "split", *sample_dataset, epoch_count=1)
+    train_project(project, echo=lambda *_: None)
+    assert_same_weights(reference / "model-resnet_small.e1.keras", project / "model-resnet_small.e1.keras")
+    set_config(project, epoch_count=2)
+    lines = []
+    train_project(project, echo=lines.append)
+    assert any(line.startswith("Resuming from ") and "used_epoch=1 used_minibatch=6 used_sample=24 offset=0 "
+               "random_seed=1" in line for line in lines)
+    for name in EXPORTS:
+        assert_same_weights(reference / name, project / name)
+    lines = []
+    train_project(project, echo=lines.append)
+    assert any("Training already complete (2 of 2 epochs)" in line for line in lines)
+    assert not any(line.startswith("epoch ") for line in lines)
+
+
+def copy_at(reference, directory, checkpoint: str):
+    """A copy of the reference project whose latest checkpoint is `checkpoint` (an earlier state of the run)."""
+    shutil.copytree(reference, directory)
+    (directory / "checkpoints" / "checkpoint").write_text(
+        f'model_checkpoint_path: "{checkpoint}"\nall_model_checkpoint_paths: "{checkpoint}"\n')
+    return directory
+
+
+def _kill_when(project, trigger: str, occurrence: int, delay: float) -> str:
+    """Start a real train-project, SIGKILL it `delay` s after the `occurrence`-th line containing `trigger`."""
+    import time
+
+    child = subprocess.Popen(train_command(project), env=cli_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = 0
+    output = []
+    for line in child.stdout:
+        output.append(line)
+        if trigger in line:
+            seen += 1
+            if seen == occurrence:
+                time.sleep(delay)
+                child.kill()
+                break
+    child.wait()
+    return "".join(output)
+
+
+@pytest.mark.slow
+def test_sigkill_at_varied_moments_then_resume_matches(trained, tmp_path, sample_dataset):
+    reference, _ = trained
+    project = make_project(tmp_path / "killed", *sample_dataset)
+    # Mid-step, around a checkpoint write, around an export, after the first epoch's export.
+    kills = [("step 1:", 1, 0.0), ("Checkpoint", 1, 0.02), ("epoch 2/2", 1, 0.01),
+             ("Exported", 1, 0.05), ("Checkpoint", 2, 0.3)]
+    outputs = [_kill_when(project, *kill) for kill in kills]
+    assert sum("Resuming from" in out for out in outputs) >= 3
+    final = run_cli(project)
+    assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
+    for name in EXPORTS:
+        assert_same_weights(reference / name, project / name)
+    state, expected = read_state(project), read_state(reference)
+    for key in ("used_epoch", "used_minibatch", "used_sample", "offset", "random_seed", "complete"):
+        assert state[key] == expected[key]
+    assert len(checkpoint_prefixes(project)) <= 3
+    assert not list(project.glob(".*.keras")) and not (project / ".train.lock").exists()
+
+
+def test_half_written_checkpoint_and_export_are_ignored(trained, tmp_path):
+    """What a kill during a save leaves behind (files TensorFlow had not yet published, a partial export,
+    a stale lock) does not disturb the resume from the mid-epoch checkpoint before it."""
+    reference, _ = trained
+    project = copy_at(reference, tmp_path / "half", "ckpt-5")  # epoch 2, offset 16 of 24
+    for name in EXPORTS[1:]:
+        (project / name).unlink()
+    checkpoints = project / "checkpoints"
+    for stale in checkpoints.glob("ckpt-[67].*"):
+        stale.unlink()
+    (checkpoints / "ckpt-6_temp").mkdir()
+    (checkpoints / "ckpt-6_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 100)
+    (checkpoints / "ckpt-6.data-00000-of-00001").write_bytes(b"\1" * 10)
+    (project / ".model-resnet_small.e2.partial-99999.keras").write_bytes(b"PK half")
+    (project / ".train.lock").write_text(json.dumps({"pid": _dead_pid(), "hostname": socket.gethostname(),
+                                                      "started": 1.0}))
+    lines = []
+    train_project(project, echo=lines.append)
+    assert any("took over the stale training lock" in line for line in lines)
+    assert any("used_epoch=1 used_minibatch=10 used_sample=40 offset=16 random_seed=1" in line for line in lines)
+    assert not list(project.glob(".*.keras"))
+    for name in EXPORTS:
+        assert_same_weights(reference / name, project / name)
+    assert read_state(project)["checkpoint"] == "ckpt-7"
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("change, message", [
+    ("tags", "tags.txt: content changed"),
+    ("model", "model was 'resnet_small', now 'resnet_custom_v4'"),
+    ("size", "was 32x32, now 64x32"),
+])
+def test_resume_with_changed_setup_is_refused(trained, tmp_path, change, message):
+    source, _ = trained
+    project = tmp_path / "project"
+    shutil.copytree(source, project)
+    if change == "tags":
+        tags = (project / "tags.txt").read_text().split()
+        (project / "tags.txt").write_text("\n".join(reversed(tags)) + "\n")
+    elif change == "model":
+        set_config(project, model="resnet_custom_v4")
+    else:
+        set_config(project, image_height=64)
+    before = {p.name: p.stat().st_mtime_ns for p in (project / "checkpoints").iterdir()}
+    with pytest.raises(TrainingError, match=message) as error:
+        train_project(project, echo=lambda *_: None)
+    assert "delete" in str(error.value) and "start fresh" in str(error.value)
+    assert {p.name: p.stat().st_mtime_ns for p in (project / "checkpoints").iterdir()} == before
+    assert not (project / ".train.lock").exists()
+
+
+def test_learning_rate_schedule_and_non_finite_loss(trained, tmp_path):
+    reference, _ = trained
+    project = tmp_path / "p"
+    shutil.copytree(reference, project)
+    # Epoch 3 at its scheduled rate; epoch 4 at an absurd one, so the loss overflows.
+    set_config(project, epoch_count=4, learning_rates=[{"used_epoch": 2, "learning_rate": 0.003},
+                                                       {"used_epoch": 3, "learning_rate": 1e30}])
+    recorder = Recorder()
+    with pytest.raises(TrainingError, match=r"non-finite loss at step (\d+) \(epoch 4\)") as error:
+        train_project(project, echo=lambda *_: None, monitors=[recorder])
+    assert recorder.rates == [(2, pytest.approx(0.003))] * 3
+    assert recorder.exports == [("model-resnet_small.e3.keras", "epoch")]
+    message = str(error.value)
+    step = int(message.split("non-finite loss at step ")[1].split()[0])
+    assert step > 18  # epoch 4 starts after step 18
+    assert "project.json: learning_rate:" in message and "1e+30" in message
+    # No checkpoint after the bad step: the latest is still a finite state from before it.
+    state = read_state(project)
+    assert state["used_minibatch"] < step
+    latest = (project / "checkpoints" / "checkpoint").read_text().split('"')[1]
+    assert state["checkpoint"] == latest
+    assert (project / "checkpoints" / f"{latest}.index").exists()
+
+
+def test_no_eligible_records(tmp_path, sample_dataset):
+    project = make_project(tmp_path / "p", *sample_dataset, minimum_tag_count=1000)
+    with pytest.raises(TrainingError, match=r"posts: no eligible records .*tag_count_general >= 1000"):
+        train_project(project, echo=lambda *_: None)
+    assert not (project / "checkpoints").exists() and not list(project.glob("*.keras"))
+
+
+def _copy_dataset(sample_dataset, directory):
+    database, tags = sample_dataset
+    shutil.copytree(database.parent, directory)
+    return directory / database.name, tags
+
+
+def test_all_images_bad(tmp_path, sample_dataset):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    for image in (database.parent / "images").rglob("*.jpg"):
+        image.write_bytes(b"not an image")
+    project = make_project(tmp_path / "p", database, tags)
+    with pytest.raises(TrainingError, match=r"no usable batch in records 0\.\.7 of epoch 1: all 8 images"):
+        train_project(project, echo=lambda *_: None)
+    assert not list(project.glob("*.keras")) and not (project / "checkpoints").exists()
+    assert len((project / "logs" / "bad_images.txt").read_text().splitlines()) == 8
+
+
+def test_bad_fraction_over_the_limit(tmp_path, sample_dataset):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    next((database.parent / "images").rglob("*.jpg")).write_bytes(b"\xff\xd8\xff truncated")
+    project = make_project(tmp_path / "p", database, tags, max_bad_image_fraction=0.01)
+    with pytest.raises(TrainingError, match=r"1 of \d+ images in epoch 1 failed to load, more than "
+                                            r"max_bad_image_fraction 0.01"):
+        train_project(project, echo=lambda *_: None)
+    # With a tolerant limit the same data trains, and the bad image is named in the log.
+    set_config(project, max_bad_image_fraction=0.1, epoch_count=1)
+    train_project(project, echo=lambda *_: None)
+    state = read_state(project)
+    assert state["used_sample"] == 23 and state["used_minibatch"] == 6
+    log = (project / "logs" / "bad_images.txt").read_text().splitlines()
+    assert log and all("cannot be decoded" in line for line in log)
+
+
+def test_live_lock_refuses_a_second_run(tmp_path, sample_dataset):
+    project = make_project(tmp_path / "p", *sample_dataset)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = project / ".train.lock"
+        lock.write_text(json.dumps({"pid": sleeper.pid, "hostname": socket.gethostname(), "started": 1.0}))
+        result = run_cli(project)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines()[-1].startswith(f"error: {lock}: another train-project holds")
+        assert json.loads(lock.read_text())["pid"] == sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_source_model_must_match_input_and_tags(tmp_path, sample_dataset):
+    from deepdanbooru.models import build_model
+
+    wrong = tmp_path / "wrong.keras"
+    build_model("resnet_small", (32, 32, 3), 5).save(wrong)
+    project = make_project(tmp_path / "p", *sample_dataset)
+    with pytest.raises(ModelError, match=r"wrong.keras: output: model output is \(5,\), but .*tags.txt has 17"):
+        train_project(project, source_model=wrong, echo=lambda *_: None)
+    wrong_input = tmp_path / "input.keras"
+    build_model("resnet_small", (48, 32, 3), 17).save(wrong_input)
+    with pytest.raises(ModelError, match=r"input.keras: input: model input is \(48, 32, 3\)"):
+        train_project(project, source_model=wrong_input, echo=lambda *_: None)
+    with pytest.raises(ModelError, match="missing.keras: --source-model file not found"):
+        train_project(project, source_model=tmp_path / "missing.keras", echo=lambda *_: None)

@@ -33,7 +33,7 @@ def keras_model(tmp_path_factory):
 
 
 def test_tflite_matches_keras_and_is_reported(tmp_path, keras_model):
-    from deepdanbooru.inference.convert import run_tflite, sample_inputs
+    from deepdanbooru.inference.convert import run_tflite
 
     path, model = keras_model
     output = tmp_path / "model.tflite"
@@ -134,3 +134,14 @@ def test_onnx_matches_keras(tmp_path, keras_model):
     images = np.random.default_rng(6).uniform(0, 1, (2, 32, 32, 3)).astype(np.float32)
     actual = session.run(None, {session.get_inputs()[0].name: images})[0]
     assert np.max(np.abs(actual - model(images, training=False).numpy())) < 1e-4
+
+
+def test_onnx_without_the_optional_packages_says_how_to_install(tmp_path, keras_model, monkeypatch):
+    from deepdanbooru.inference import convert
+
+    monkeypatch.setattr(convert, "onnx_available", lambda: False)
+    path, _ = keras_model
+    result = run_cli("conv2tflite", "--model-path", path, "--save-path", tmp_path / "m.onnx")
+    assert result.exit_code == 2
+    assert "needs the optional packages tf2onnx and onnxruntime: pip install 'deepdanbooru[onnx]'" in result.output
+    assert not (tmp_path / "m.onnx").exists()

@@ -276,6 +276,7 @@ def test_missing_export_is_a_clear_error_and_legacy_h5_is_used(project, images):
     result = run_cli("evaluate", images["red"], "--project-path", project, "--verbose")
     assert result.exit_code == 0, result.output
     assert "model-resnet_small.h5 (input 32x32, 3 tags" in result.stderr
+    assert "CPU:0" in result.stderr.split("Devices: ")[1].splitlines()[0]
     assert "(1.000) red" in result.stdout
 
 

@@ -158,6 +158,7 @@ def test_sigkill_at_varied_moments_then_resume_matches(trained, tmp_path, sample
     kills = [("step 1:", 1, 0.0), ("Checkpoint", 1, 0.02), ("epoch 2/2", 1, 0.01),
              ("Exported", 1, 0.05), ("Checkpoint", 2, 0.3)]
     outputs = [_kill_when(project, *kill) for kill in kills]
+    assert not any("Training complete" in out for out in outputs)  # every kill landed before the end
     assert sum("Resuming from" in out for out in outputs) >= 3
     final = run_cli(project)
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]

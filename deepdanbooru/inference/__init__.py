@@ -1,1 +1,18 @@
+"""Using a trained model: evaluate, evaluate-project, grad-cam, conv2tflite (docs/evaluation.md).
 
+Standard library (importable without TensorFlow, checked before it loads):
+    targets.collect_targets(targets, allow_folder, folder_filters) -> [Path] in natural order
+    targets.natural_key(text), targets.sidecar_path(image) -> image.txt
+    model_files.resolve_model_files(project_path, model_path, tags_path) -> ModelFiles(model, tags, config)
+    model_files.resolve_model_source(project_path, model_path) -> Path
+    names.safe_file_name(name), names.UniqueNames()
+numpy:
+    output.threshold_vector(tags, threshold, thresholds_csv), output.select_tags(tags, scores, thresholds),
+    output.make_writer("text" | "json" | "csv", echo)
+TensorFlow:
+    predict.configure_devices(allow_gpu), predict.load_tagger(files, tags) -> Tagger
+        Tagger.predict(paths, batch_size, on_skip) -> (index, scores); Tagger.images(paths, on_skip)
+    evaluate.evaluate(targets, ...) -> EvaluationSummary(model, tagged, skipped)
+    gradcam.Explainer(model).explain(image, tag_indices) -> [TagMaps]; gradcam.grad_cam_command(...)
+    convert.convert_model(model, save_path, ...) -> ConversionReport; convert.conv2tflite(...)
+"""

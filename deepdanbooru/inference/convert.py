@@ -9,7 +9,7 @@ comparing their outputs against a tolerance.
 from __future__ import annotations
 
 import contextlib
-import sys
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,10 +104,12 @@ def load_sample_images(paths, height: int, width: int, max_image_pixels: int) ->
     return np.stack(images) if images else np.zeros((0, height, width, 3), np.float32)
 
 
+@contextlib.contextmanager
 def _quiet():
-    # The converters print "Saved artifact at ..." banners to stdout, which would
-    # mix with the command's own output.
-    return contextlib.redirect_stdout(sys.stderr)
+    # The converters print a "Saved artifact at ..." banner plus one line per
+    # captured variable to stdout: hundreds of lines that would bury the report.
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
 
 
 def _float32_model(model):

@@ -51,10 +51,11 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
 
     from deepdanbooru.inference.predict import configure_devices, load_tagger
 
-    configure_devices(allow_gpu)
+    devices = configure_devices(allow_gpu)
     tagger = load_tagger(files, tags, compile_model=compile_model)
     summary = EvaluationSummary(model=files.model)
     if verbose:
+        echo_err(f"Devices: {', '.join(devices)}")
         echo_err(f"Model: {files.model} (input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags})")
         echo_err(f"Images: {len(paths)}")
 
@@ -68,7 +69,11 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
         pairs = select_tags(tags, scores, thresholds)
         writer.image(paths[index], pairs)
         if save_txt:
-            write_text_atomic(sidecar_path(paths[index]), caption(pairs))
+            sidecar = sidecar_path(paths[index])
+            try:
+                write_text_atomic(sidecar, caption(pairs))
+            except OSError as error:
+                raise TargetError(f"{sidecar}: cannot write the tags (--save-txt): {error.strerror or error}") from None
         summary.tagged += 1
     if verbose:
         seconds = time.perf_counter() - started

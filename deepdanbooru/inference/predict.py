@@ -11,21 +11,22 @@ import numpy as np
 from deepdanbooru.errors import ModelError, file_field
 
 
-def configure_devices(allow_gpu: bool) -> None:
+def configure_devices(allow_gpu: bool) -> list[str]:
     """Hide GPUs unless allowed, as DeepDanbooru did: tagging a few images does
     not pay for GPU start-up, and a GPU busy training stays untouched.
 
     Must run before TensorFlow places any op; later it cannot take effect.
+    Returns the visible devices ("CPU:0", ...) for --verbose.
     """
     import tensorflow as tf
 
-    if allow_gpu:
-        return
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:
-        if tf.config.get_visible_devices("GPU"):
-            warnings.warn("TensorFlow was already initialised with a GPU visible; it stays in use")
+    if not allow_gpu:
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:
+            if tf.config.get_visible_devices("GPU"):
+                warnings.warn("TensorFlow was already initialised with a GPU visible; it stays in use")
+    return [f"{device.device_type}:{device.name.rsplit(':', 1)[-1]}" for device in tf.config.get_visible_devices()]
 
 
 def model_input_size(model, model_path, config=None) -> tuple[int, int]:

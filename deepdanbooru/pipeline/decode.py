@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from deepdanbooru.pipeline.header import (
-    BMP, GIF, JPEG, PNG, UNKNOWN, WEBP, WEBP_ALPHA_FLAG, declared_pixels, image_header, head_bytes, is_animated_webp,
+    JPEG, UNKNOWN, WEBP, WEBP_ALPHA_FLAG, declared_pixels, head_bytes, image_header, is_animated_webp,
 )
 
 # libjpeg can decode at 1/2, 1/4 and 1/8 scale by truncating the DCT: far less work for large JPEGs.
@@ -37,8 +37,7 @@ def jpeg_ratio_index(size, box):
 def _decoder_index(image_format, animated_webp, ratio_index):
     """Branch of _decode_checked: 0 generic (PNG, GIF, BMP, full-size JPEG), 1-3 scaled JPEG, 4-5 WebP."""
     webp = tf.where(animated_webp, 5, 4)
-    jpeg = tf.where(ratio_index > 0, ratio_index, 0)
-    return tf.where(tf.equal(image_format, WEBP), webp, tf.where(tf.equal(image_format, JPEG), jpeg, 0))
+    return tf.where(tf.equal(image_format, WEBP), webp, tf.where(tf.equal(image_format, JPEG), ratio_index, 0))
 
 
 def _decode_generic(data):
@@ -61,7 +60,6 @@ def _decode_animated_webp(data, head):
 
 
 def _decode_checked(data, image_format, ratio_index):
-    # One flat switch: each branch is a function that every new dataset instantiates again.
     head = head_bytes(data)
     branches = [lambda: _decode_generic(data)]
     branches += [_decode_scaled_jpeg(data, ratio) for ratio in JPEG_RATIOS[1:]]
@@ -103,6 +101,3 @@ def decode_for_box(data, max_image_pixels, box, dct_scaling=True):
     # Only JPEG has an exact header size; a GIF canvas may differ from its logical screen.
     source = tf.where(tf.equal(image_format, JPEG), size[:2], decoded)
     return image, source
-
-
-__all__ = ["decode_image_bytes", "decode_for_box", "check_header", "JPEG_RATIOS", "PNG", "GIF", "BMP", "WEBP"]

@@ -9,7 +9,9 @@ from PIL import Image
 tf = pytest.importorskip("tensorflow")
 
 from deepdanbooru.pipeline import inference_dataset, training_dataset, warp_batch, warp_parameters  # noqa: E402
-from deepdanbooru.pipeline.transform import Augmentation, canvas_size, random_warp, record_key  # noqa: E402
+from deepdanbooru.pipeline.transform import (  # noqa: E402
+    Augmentation, augmentation_values, canvas_size, record_uniforms, seed_hash,
+)
 
 SIZE = 33  # odd: the centre is a pixel, so quarter turns are exact permutations
 
@@ -134,7 +136,8 @@ AUGMENTATION = Augmentation((0.0, 360.0), (0.9, 1.1), (-0.1, 0.1))
 
 
 def _draw(seed, random_seed, position):
-    scale, angle, shift = random_warp(record_key(seed, random_seed, position), AUGMENTATION)
+    uniforms = record_uniforms(seed_hash(seed, random_seed), position)
+    scale, angle, shift = augmentation_values(uniforms, AUGMENTATION)
     return [float(scale), float(angle), float(shift[0]), float(shift[1])]
 
 
@@ -184,3 +187,12 @@ def test_different_random_seed_or_position_gives_different_pixels(record_paths):
     for other in (next_epoch, other_seed):
         assert all(np.abs(other[p] - base[p]).max() > 0.05 for p in base)
     assert all(np.abs(moved[p + 50] - base[p]).max() > 0.05 for p in base)
+
+
+def test_single_image_preprocessing_equals_the_inference_dataset(tmp_path):
+    from deepdanbooru.pipeline import preprocess_for_inference
+
+    path = _write(tmp_path, "one.png", _random_image(50, 23, seed=8))
+    with open(path, "rb") as handle:
+        single = preprocess_for_inference(handle.read(), height=32, width=32, max_image_pixels=10**6).numpy()
+    np.testing.assert_array_equal(single, _inference_images([path], 32, 32)[0])

@@ -65,10 +65,24 @@ decode_image_bytes(data, max_image_pixels) -> uint8 [h, w, 3]
     Graph-mode and eager. JPEG (baseline, progressive, grayscale, CMYK), PNG
     (RGB, RGBA, palette, gray, gray+alpha, 16-bit), GIF (first frame), BMP,
     WebP (lossy, lossless, alpha, animated: first frame). The format is
-    sniffed from the bytes; the header size is checked before decoding.
+    sniffed from the bytes; the size declared by the header (PNG IHDR, GIF
+    logical screen, BMP header, WebP VP8/VP8L/VP8X canvas x frames, JPEG
+    frame header via libjpeg) is checked against max_image_pixels before any
+    pixel is decoded. Known gap: a GIF frame larger than its logical screen is
+    not checked (the frame descriptors sit behind variable-length blocks).
 image_header(data) -> (format index, int64 [height, width, frames]); FORMAT_NAMES.
 tag_table(tags), multi_hot(tag_strings, table, n_tags): the label ops.
-Augmentation, warp_parameters, warp_batch: the geometry (see transform.py).
+Augmentation, warp_parameters, warp_batch, transform_batch: the geometry
+    (transform.py). Per record the image is area-resized to fit
+    (height * s_max, width * s_max) (smaller images are not enlarged there)
+    and padded onto a fixed canvas; per batch one compiled XLA kernel draws
+    the warp from four stateless uniforms keyed by (seed, random_seed,
+    position) and samples bilinearly with clamped coordinates (border
+    replication). Pixel centres are at integer coordinates and the centre of
+    an n-pixel axis is pixel floor(n / 2), so the identity warp copies pixels
+    exactly; a positive angle turns the picture counter-clockwise as
+    displayed; a positive shift moves it right / down. Images smaller than
+    the box are enlarged by the warp, bilinearly.
 """
 
 from deepdanbooru.pipeline.badimages import BadImageTracker, diagnose, diagnose_bytes
@@ -76,7 +90,7 @@ from deepdanbooru.pipeline.dataset import inference_dataset, preprocess_for_infe
 from deepdanbooru.pipeline.decode import decode_image_bytes
 from deepdanbooru.pipeline.header import FORMAT_NAMES, image_header
 from deepdanbooru.pipeline.labels import multi_hot, tag_table
-from deepdanbooru.pipeline.transform import Augmentation, warp_batch, warp_parameters
+from deepdanbooru.pipeline.transform import Augmentation, transform_batch, warp_batch, warp_parameters
 
 __all__ = [
     "Augmentation",
@@ -91,6 +105,7 @@ __all__ = [
     "preprocess_for_inference",
     "tag_table",
     "training_dataset",
+    "transform_batch",
     "warp_batch",
     "warp_parameters",
 ]

@@ -18,7 +18,7 @@ import tensorflow as tf
 from deepdanbooru.pipeline.decode import decode_for_box
 from deepdanbooru.pipeline.labels import multi_hot, tag_table
 from deepdanbooru.pipeline.transform import (
-    Augmentation, canvas_size, fit_into_box, place_on_canvas, random_warp, record_key, warp_batch, warp_parameters,
+    Augmentation, canvas_size, fit_into_box, place_on_canvas, record_uniforms, seed_hash, transform_batch,
 )
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -48,17 +48,12 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
     box = (output_size[0] * scale_max, output_size[1] * scale_max)
 
     @tf.function(autograph=False, input_signature=[
-        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([2], tf.int64)])
-    def prepare(path, position, seeds):
+        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
+    def prepare(path, position, hashed_seed):
         data = tf.io.read_file(path)
         image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling)
         content, size, zoom = fit_into_box(image, source, box, canvas)
-        if augmentation is None:
-            parameters = warp_parameters(size, zoom, output_size)
-        else:
-            scale, angle, shift = random_warp(record_key(seeds[0], seeds[1], position), augmentation)
-            parameters = warp_parameters(size, zoom, output_size, scale, angle, shift)
-        return content, size, parameters
+        return content, size, zoom, record_uniforms(hashed_seed, position)
 
     return prepare, canvas
 
@@ -69,11 +64,12 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     prepare_record, canvas = _record_function(tuple(output_size), augmentation, int(max_image_pixels),
                                               bool(jpeg_dct_scaling))
-    seed_pair = tf.constant(seeds, tf.int64)
+    hashed_seed = seed_hash(*seeds)
 
     def prepare(record):
-        content, size, parameters = prepare_record(record["path"], record["position"], seed_pair)
-        prepared = {"canvas": content, "content": size, "parameters": parameters, "position": record["position"]}
+        content, size, zoom, uniforms = prepare_record(record["path"], record["position"], hashed_seed)
+        prepared = {"canvas": content, "content": size, "zoom": zoom, "uniforms": uniforms,
+                    "position": record["position"]}
         if "tags" in record:
             prepared["tags"] = record["tags"]
         return prepared
@@ -81,7 +77,8 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
     table = tag_table(tags) if tags is not None else None
 
     def finish(batch):
-        images = warp_batch(batch["canvas"], batch["parameters"], batch["content"], output_size, batch_size)
+        images = transform_batch(batch["canvas"], batch["content"], batch["zoom"], batch["uniforms"], output_size,
+                                 augmentation, batch_size)
         out = {"image": tf.ensure_shape(images, [None, *output_size, 3]), "position": batch["position"]}
         if table is not None:
             out["label"] = tf.ensure_shape(multi_hot(batch["tags"], table, len(tags)), [None, len(tags)])
@@ -90,7 +87,7 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
     dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
     dataset = dataset.ignore_errors()
     # Padding while batching writes each image once, straight into the batch buffer.
-    shapes = {"canvas": [canvas[0], canvas[1], 3], "content": [2], "parameters": [6], "position": []}
+    shapes = {"canvas": [canvas[0], canvas[1], 3], "content": [2], "zoom": [], "uniforms": [4], "position": []}
     if tags is not None:
         shapes["tags"] = []
     dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)
@@ -137,5 +134,5 @@ def preprocess_for_inference(data, *, height, width, max_image_pixels):
     canvas = canvas_size(height, width)
     image, source = decode_for_box(data, max_image_pixels, output_size)
     content, size, zoom = fit_into_box(image, source, output_size, canvas)
-    parameters = warp_parameters(size, zoom, output_size)
-    return warp_batch(place_on_canvas(content, canvas)[None], parameters[None], size[None], output_size, 1)[0]
+    placed = place_on_canvas(content, canvas)
+    return transform_batch(placed[None], size[None], zoom[None], tf.zeros([1, 4]), output_size, None, 1)[0]

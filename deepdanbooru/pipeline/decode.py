@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from deepdanbooru.pipeline.header import (
-    JPEG, UNKNOWN, WEBP, WEBP_ALPHA_FLAG, declared_pixels, head_bytes, image_header, is_animated_webp,
+    JPEG, UNKNOWN, WEBP, WEBP_ALPHA_FLAG, declared_pixels, is_animated_webp, parse_header,
 )
 
 # libjpeg can decode at 1/2, 1/4 and 1/8 scale by truncating the DCT: far less work for large JPEGs.
@@ -13,8 +13,8 @@ JPEG_RATIOS = (1, 2, 4, 8)
 
 
 def check_header(data, max_image_pixels):
-    """Format and declared size of `data`; raises InvalidArgumentError (in-graph) for unknown or oversized images."""
-    image_format, size = image_header(data)
+    """(format, size, head) of `data`; raises InvalidArgumentError (in-graph) for unknown or oversized images."""
+    image_format, size, head = parse_header(data)
     pixels = declared_pixels(size)
     known = tf.debugging.Assert(image_format != UNKNOWN, ["not an image: unrecognised file signature"])
     sized = tf.debugging.Assert(
@@ -22,22 +22,14 @@ def check_header(data, max_image_pixels):
         ["declared size [height, width, frames]", size, "is empty or over max_image_pixels", max_image_pixels],
     )
     with tf.control_dependencies([known, sized]):
-        return tf.identity(image_format), tf.identity(size)
+        return tf.identity(image_format), size, head
 
 
 def jpeg_ratio_index(size, box):
     """Index into JPEG_RATIOS of the largest DCT scale that still leaves at least `box` (height, width) pixels."""
-    height = tf.cast(size[0], tf.float32)
-    width = tf.cast(size[1], tf.float32)
     # The image must be at least ratio times the size it is resized to along the limiting side.
-    shrink = tf.maximum(height / box[0], width / box[1])
-    return tf.reduce_sum(tf.cast(shrink >= tf.constant(JPEG_RATIOS[1:], tf.float32), tf.int32))
-
-
-def _decoder_index(image_format, animated_webp, ratio_index):
-    """Branch of _decode_checked: 0 generic (PNG, GIF, BMP, full-size JPEG), 1-3 scaled JPEG, 4-5 WebP."""
-    webp = tf.where(animated_webp, 5, 4)
-    return tf.where(tf.equal(image_format, WEBP), webp, tf.where(tf.equal(image_format, JPEG), ratio_index, 0))
+    shrink = tf.reduce_max(tf.cast(size[:2], tf.float32) / box)
+    return tf.reduce_sum(tf.cast(shrink >= tf.constant(JPEG_RATIOS[1:], tf.float32), tf.int64))
 
 
 def _decode_generic(data):
@@ -49,26 +41,31 @@ def _decode_scaled_jpeg(data, ratio):
     return lambda: tf.io.decode_jpeg(data, channels=3, ratio=ratio)
 
 
-def _decode_animated_webp(data, head):
-    # TensorFlow's animation path writes RGBA frames into a buffer sized from the alpha flag:
-    # with the flag clear it corrupts memory and kills the process. Setting the flag (it only
-    # describes the content) makes the decoder allocate four channels, which it fills.
-    flags = tf.bitwise.bitwise_or(head[20], WEBP_ALPHA_FLAG)
-    byte = tf.gather(tf.constant([bytes([value]) for value in range(256)]), flags)
-    patched = tf.strings.join([tf.strings.substr(data, 0, 20), byte, tf.strings.substr(data, 21, -1)])
-    return tf.io.decode_webp(patched, channels=4)[0, :, :, :3]
+def _decode_webp(data, head):
+    def animated():
+        # TensorFlow's animation path writes RGBA frames into a buffer sized from the alpha flag:
+        # with the flag clear it corrupts memory and kills the process. Setting the flag (it only
+        # describes the content) makes the decoder allocate four channels, which it fills.
+        flags = tf.bitwise.bitwise_or(head[20], WEBP_ALPHA_FLAG)
+        byte = tf.gather(tf.constant([bytes([value]) for value in range(256)]), flags)
+        patched = tf.strings.join([tf.strings.substr(data, 0, 20), byte, tf.strings.substr(data, 21, -1)])
+        return tf.io.decode_webp(patched, channels=4)[0, :, :, :3]
+
+    def still():
+        # channels=0 because a fixed count fails on files with (or without) alpha.
+        return tf.io.decode_webp(data, channels=0)[0, :, :, :3]
+
+    return tf.cond(is_animated_webp(head), animated, still)
 
 
-def _decode_checked(data, image_format, ratio_index):
-    head = head_bytes(data)
+def _decode_checked(data, head, image_format, ratio_index):
+    """Branches: 0 generic (PNG, GIF, BMP, full-size JPEG), 1-3 DCT-scaled JPEG, 4 WebP."""
     branches = [lambda: _decode_generic(data)]
     branches += [_decode_scaled_jpeg(data, ratio) for ratio in JPEG_RATIOS[1:]]
-    branches += [
-        lambda: tf.io.decode_webp(data, channels=0)[0, :, :, :3],
-        lambda: _decode_animated_webp(data, head),
-    ]
-    index = _decoder_index(image_format, is_animated_webp(head), ratio_index)
-    return tf.ensure_shape(tf.switch_case(index, branches), [None, None, 3])
+    branches += [lambda: _decode_webp(data, head)]
+    index = tf.where(tf.equal(image_format, WEBP), tf.constant(4, tf.int64),
+                     tf.where(tf.equal(image_format, JPEG), ratio_index, tf.constant(0, tf.int64)))
+    return tf.ensure_shape(tf.switch_case(tf.cast(index, tf.int32), branches), [None, None, 3])
 
 
 def decode_image_bytes(data, max_image_pixels):
@@ -80,8 +77,8 @@ def decode_image_bytes(data, max_image_pixels):
     is decoded. Works in graph mode (tf.data) and eagerly.
     """
     data = tf.convert_to_tensor(data, tf.string)
-    image_format, _ = check_header(data, max_image_pixels)
-    return _decode_checked(data, image_format, tf.constant(0))
+    image_format, _, head = check_header(data, max_image_pixels)
+    return _decode_checked(data, head, image_format, tf.constant(0, tf.int64))
 
 
 def decode_for_box(data, max_image_pixels, box, dct_scaling=True):
@@ -92,12 +89,9 @@ def decode_for_box(data, max_image_pixels, box, dct_scaling=True):
     same whether or not the decoder scaled.
     """
     data = tf.convert_to_tensor(data, tf.string)
-    image_format, size = check_header(data, max_image_pixels)
-    ratio_index = tf.constant(0)
-    if dct_scaling:
-        ratio_index = tf.where(tf.equal(image_format, JPEG), jpeg_ratio_index(size, box), 0)
-    image = _decode_checked(data, image_format, ratio_index)
-    decoded = tf.cast(tf.shape(image)[:2], tf.int64)
+    image_format, size, head = check_header(data, max_image_pixels)
+    ratio_index = jpeg_ratio_index(size, box) if dct_scaling else tf.constant(0, tf.int64)
+    image = _decode_checked(data, head, image_format, ratio_index)
     # Only JPEG has an exact header size; a GIF canvas may differ from its logical screen.
-    source = tf.where(tf.equal(image_format, JPEG), size[:2], decoded)
+    source = tf.where(tf.equal(image_format, JPEG), size[:2], tf.shape(image, out_type=tf.int64)[:2])
     return image, source

@@ -3,6 +3,9 @@
 The format comes from the file signature, never from the extension. The size is
 what the header declares, so an oversized image (a decompression bomb) can be
 refused before a decoder allocates its pixels.
+
+Every op here runs once per record, and a dataset built per slice instantiates
+every op again, so the parsing is table-driven and branches per format.
 """
 
 from __future__ import annotations
@@ -13,168 +16,153 @@ import tensorflow as tf
 UNKNOWN, JPEG, PNG, GIF, BMP, WEBP = range(6)
 FORMAT_NAMES = ("unknown", "jpeg", "png", "gif", "bmp", "webp")
 
-_HEAD_BYTES = 32
+HEAD_BYTES = 32
 # VP8X flag bits (byte 20 of a WebP file).
 WEBP_ANIMATION_FLAG = 0x02
 WEBP_ALPHA_FLAG = 0x10
 
-
-# Byte patterns: name -> (offset, bytes). All are tested at once against the first bytes.
-_SIGNATURES = {
-    "jpeg": (0, b"\xff\xd8\xff"),
-    "png": (0, b"\x89PNG\r\n\x1a\n"),
-    "gif": (0, b"GIF8"),
-    "bmp": (0, b"BM"),
-    "riff": (0, b"RIFF"),
-    "webp": (8, b"WEBP"),
-    "png_ihdr": (12, b"IHDR"),
-    "webp_lossy": (12, b"VP8 "),
-    "webp_lossless": (12, b"VP8L"),
-    "webp_extended": (12, b"VP8X"),
-    "lossy_start_code": (23, b"\x9d\x01\x2a"),
-    "lossless_signature": (20, b"\x2f"),
-}
-# Integer fields: name -> (offset, byte count, big endian). All are read at once.
-_FIELDS = {
-    "png_width": (16, 4, True),
-    "png_height": (20, 4, True),
-    "gif_width": (6, 2, False),
-    "gif_height": (8, 2, False),
-    "bmp_header_size": (14, 4, False),
-    "bmp_core_width": (18, 2, False),
-    "bmp_core_height": (20, 2, False),
-    "bmp_width": (18, 4, False),
-    "bmp_height": (22, 4, False),
-    "lossy_width": (26, 2, False),
-    "lossy_height": (28, 2, False),
-    "lossless_bits": (21, 4, False),
-    "extended_width": (24, 3, False),
-    "extended_height": (27, 3, False),
-    "extended_flags": (20, 1, False),
-}
+# (format, offset, bytes): a file is of the first format whose signatures all match.
+_FORMAT_SIGNATURES = (
+    (JPEG, 0, b"\xff\xd8\xff"),
+    (PNG, 0, b"\x89PNG\r\n\x1a\n"),
+    (GIF, 0, b"GIF8"),
+    (BMP, 0, b"BM"),
+    (WEBP, 0, b"RIFF"),
+    (WEBP, 8, b"WEBP"),
+)
+# WebP sub-formats, tested inside the WebP branch.
+_WEBP_CHUNKS = ((12, b"VP8 "), (12, b"VP8L"), (12, b"VP8X"), (23, b"\x9d\x01\x2a"), (20, b"\x2f"))
 
 
-def _signature_tables():
-    pattern = np.zeros((len(_SIGNATURES), _HEAD_BYTES), np.int64)
-    mask = np.zeros((len(_SIGNATURES), _HEAD_BYTES), bool)
-    for row, (offset, signature) in enumerate(_SIGNATURES.values()):
+def _pattern(signatures):
+    """Rows of (pattern, mask) over the head bytes, one per (offset, bytes) signature."""
+    pattern = np.zeros((len(signatures), HEAD_BYTES), np.int64)
+    mask = np.zeros((len(signatures), HEAD_BYTES), bool)
+    for row, (offset, signature) in enumerate(signatures):
         pattern[row, offset:offset + len(signature)] = list(signature)
         mask[row, offset:offset + len(signature)] = True
-    return pattern, mask
+    return pattern, ~mask
 
 
-def _field_tables():
-    index = np.zeros((len(_FIELDS), 4), np.int64)
-    shift = np.zeros((len(_FIELDS), 4), np.int64)
-    used = np.zeros((len(_FIELDS), 4), np.int64)
-    for row, (offset, size, big_endian) in enumerate(_FIELDS.values()):
+_FORMAT_PATTERN, _FORMAT_IGNORED = _pattern([(offset, sig) for _, offset, sig in _FORMAT_SIGNATURES])
+_FORMAT_OF_ROW = np.array([fmt for fmt, _, _ in _FORMAT_SIGNATURES], np.int64)
+_WEBP_PATTERN, _WEBP_IGNORED = _pattern(_WEBP_CHUNKS)
+
+
+def head_bytes(data):
+    """The first HEAD_BYTES bytes of `data` as int64, zero-padded."""
+    raw = tf.io.decode_raw(tf.strings.substr(data, 0, HEAD_BYTES), tf.uint8)
+    return tf.cast(tf.pad(raw, [[0, HEAD_BYTES - tf.size(raw)]]), tf.int64)
+
+
+def _matches(head, pattern, ignored):
+    return tf.reduce_all(tf.logical_or(tf.equal(head[None, :], pattern), ignored), axis=1)
+
+
+def sniff_format(head):
+    """UNKNOWN, JPEG, PNG, GIF, BMP or WEBP from the signature bytes."""
+    matched = _matches(head, _FORMAT_PATTERN, _FORMAT_IGNORED)
+    # A format counts when all its rows match: sum matches per format and compare with its row count.
+    hits = tf.math.unsorted_segment_sum(tf.cast(matched, tf.int64), _FORMAT_OF_ROW, len(FORMAT_NAMES))
+    needed = np.bincount(_FORMAT_OF_ROW, minlength=len(FORMAT_NAMES))
+    needed[UNKNOWN] = 1  # never "all matched"
+    complete = tf.cast(tf.equal(hits, needed), tf.int64)
+    return tf.reduce_sum(complete * np.arange(len(FORMAT_NAMES)))
+
+
+def read_fields(head, fields):
+    """Unsigned integers at fixed offsets: fields = ((offset, byte count, big endian), ...) -> int64 [n]."""
+    index = np.zeros((len(fields), 4), np.int64)
+    shift = np.zeros((len(fields), 4), np.int64)
+    used = np.zeros((len(fields), 4), np.int64)
+    for row, (offset, size, big_endian) in enumerate(fields):
         for i in range(size):
             index[row, i] = offset + i
             shift[row, i] = 8 * (size - 1 - i if big_endian else i)
             used[row, i] = 1
-    return index, shift, used
-
-
-_PATTERN, _MASK = _signature_tables()
-_INDEX, _SHIFT, _USED = _field_tables()
-
-
-def head_bytes(data):
-    """The first bytes of `data` as int64 [32], zero-padded."""
-    raw = tf.io.decode_raw(tf.strings.substr(data, 0, _HEAD_BYTES), tf.uint8)
-    raw = tf.pad(raw, [[0, _HEAD_BYTES - tf.size(raw)]])
-    return tf.cast(raw, tf.int64)
-
-
-def _signatures(head):
-    hits = tf.logical_or(tf.equal(head[None, :], _PATTERN), ~_MASK)
-    return dict(zip(_SIGNATURES, tf.unstack(tf.reduce_all(hits, axis=1))))
-
-
-def _fields(head):
-    values = tf.reduce_sum(tf.bitwise.left_shift(tf.gather(head, _INDEX), _SHIFT) * _USED, axis=1)
-    return dict(zip(_FIELDS, tf.unstack(values)))
-
-
-def sniff_format(head):
-    found = _signatures(head)
-    flags = tf.cast(tf.stack([
-        found["jpeg"], found["png"], found["gif"], found["bmp"], tf.logical_and(found["riff"], found["webp"]),
-    ]), tf.int32)
-    return tf.reduce_sum(flags * tf.constant([JPEG, PNG, GIF, BMP, WEBP]))
+    return tf.reduce_sum(tf.bitwise.left_shift(tf.gather(head, index), shift) * used, axis=1)
 
 
 def is_animated_webp(head):
-    found = _signatures(head)
-    flags = _fields(head)["extended_flags"]
-    return tf.logical_and(found["webp_extended"], tf.bitwise.bitwise_and(flags, WEBP_ANIMATION_FLAG) != 0)
+    """VP8X chunk with the animation flag (only meaningful once the format is known to be WebP)."""
+    chunk = _matches(head, _WEBP_PATTERN[2:3], _WEBP_IGNORED[2:3])[0]
+    return tf.logical_and(chunk, tf.bitwise.bitwise_and(head[20], WEBP_ANIMATION_FLAG) != 0)
 
 
 def _size(height, width, frames=1):
     return tf.stack([tf.cast(height, tf.int64), tf.cast(width, tf.int64), tf.cast(frames, tf.int64)])
 
 
-def _webp_frames(data, animated):
-    def count():
+def _jpeg(data, head):
+    # libjpeg reads the markers up to the frame header; no pixel is decoded.
+    shape = tf.image.extract_jpeg_shape(data, output_type=tf.int64)
+    return tf.concat([shape[:2], [1]], axis=0)
+
+
+def _png(data, head):
+    width, height = tf.unstack(read_fields(head, ((16, 4, True), (20, 4, True))))
+    has_ihdr = tf.reduce_all(tf.equal(head[12:16], list(b"IHDR")))
+    return tf.where(has_ihdr, _size(height, width), _size(0, 0))
+
+
+def _gif(data, head):
+    # The logical screen: TensorFlow decodes only the first frame without expand_animations.
+    width, height = tf.unstack(read_fields(head, ((6, 2, False), (8, 2, False))))
+    return _size(height, width)
+
+
+def _bmp(data, head):
+    header, core_w, core_h, width, height = tf.unstack(read_fields(
+        head, ((14, 4, False), (18, 2, False), (20, 2, False), (18, 4, False), (22, 4, False))))
+    # BITMAPCOREHEADER (12 bytes) has 16-bit sizes; the others signed 32-bit (negative height: top-down).
+    signed = tf.where(tf.stack([width, height]) >= 2**31, tf.stack([width, height]) - 2**32,
+                      tf.stack([width, height]))
+    return tf.where(tf.equal(header, 12), _size(core_h, core_w), _size(tf.abs(signed[1]), tf.abs(signed[0])))
+
+
+def _webp(data, head):
+    lossy, lossless, extended, start_code, signature = tf.unstack(_matches(head, _WEBP_PATTERN, _WEBP_IGNORED))
+    lossy_w, lossy_h, bits, canvas_w, canvas_h = tf.unstack(read_fields(
+        head, ((26, 2, False), (28, 2, False), (21, 4, False), (24, 3, False), (27, 3, False))))
+
+    def frames():
         # Every ANMF chunk is one frame and TensorFlow decodes them all; the tag may also occur
         # inside compressed data, which only overestimates, so the guard errs on the safe side.
         return tf.maximum(tf.cast(tf.size(tf.strings.split(data, "ANMF")), tf.int64) - 1, 1)
 
-    return tf.cond(animated, count, lambda: tf.constant(1, tf.int64))
-
-
-def _fixed_offset_sizes(data, head):
-    """[6, 3] sizes for UNKNOWN, (JPEG: filled in elsewhere), PNG, GIF, BMP, WEBP from fixed offsets."""
-    found, field = _signatures(head), _fields(head)
-    zero = _size(0, 0)
-    png = tf.where(found["png_ihdr"], _size(field["png_height"], field["png_width"]), zero)
-    gif = _size(field["gif_height"], field["gif_width"])  # the logical screen
-    core = tf.equal(field["bmp_header_size"], 12)  # BITMAPCOREHEADER has 16-bit sizes
-    bmp = tf.where(core, _size(field["bmp_core_height"], field["bmp_core_width"]),
-                   _size(tf.abs(_signed32(field["bmp_height"])), tf.abs(_signed32(field["bmp_width"]))))
-    lossy = _size(tf.bitwise.bitwise_and(field["lossy_height"], 0x3FFF),
-                  tf.bitwise.bitwise_and(field["lossy_width"], 0x3FFF))
-    bits = field["lossless_bits"]
-    lossless = _size(tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 14), 0x3FFF) + 1,
-                     tf.bitwise.bitwise_and(bits, 0x3FFF) + 1)
-    animated = tf.logical_and(
-        found["webp_extended"], tf.bitwise.bitwise_and(field["extended_flags"], WEBP_ANIMATION_FLAG) != 0)
-    extended = _size(field["extended_height"] + 1, field["extended_width"] + 1, _webp_frames(data, animated))
-    webp = tf.where(found["webp_lossy"], tf.where(found["lossy_start_code"], lossy, zero),
-                    tf.where(found["webp_lossless"], tf.where(found["lossless_signature"], lossless, zero),
-                             tf.where(found["webp_extended"], extended, zero)))
-    return tf.stack([zero, zero, png, gif, bmp, webp])
-
-
-def _signed32(value):
-    return tf.where(value >= 2**31, value - 2**32, value)
+    count = tf.cond(is_animated_webp(head), frames, lambda: tf.constant(1, tf.int64))
+    sizes = tf.stack([
+        _size(0, 0),
+        _size(tf.bitwise.bitwise_and(lossy_h, 0x3FFF), tf.bitwise.bitwise_and(lossy_w, 0x3FFF)),
+        _size(tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 14), 0x3FFF) + 1,
+              tf.bitwise.bitwise_and(bits, 0x3FFF) + 1),
+        _size(canvas_h + 1, canvas_w + 1, count),
+    ])
+    kind = tf.where(extended, 3, tf.where(tf.logical_and(lossless, signature), 2,
+                                          tf.where(tf.logical_and(lossy, start_code), 1, 0)))
+    return tf.gather(sizes, kind)
 
 
 def image_header(data):
-    """(format, [height, width, frames]) declared by the encoded image `data` (a scalar string tensor).
+    """(format, int64 [height, width, frames]) declared by the encoded image `data` (a scalar string tensor).
 
-    format is one of UNKNOWN, JPEG, PNG, GIF, BMP, WEBP; sizes are int64 and 0 when
-    the header cannot be read. frames counts what the decoder would allocate
-    (WebP animations decode every frame). A JPEG whose markers are corrupt raises
-    InvalidArgumentError, like a failed decode.
+    format is one of UNKNOWN, JPEG, PNG, GIF, BMP, WEBP (names in FORMAT_NAMES);
+    sizes are 0 when the header cannot be read. frames counts what the decoder
+    would allocate (WebP animations decode every frame). A JPEG whose markers
+    are corrupt raises InvalidArgumentError, like a failed decode.
     """
-    data = tf.convert_to_tensor(data, tf.string)
-    head = head_bytes(data)
-    image_format = sniff_format(head)
-    # Fixed-offset fields are computed for every format and selected: cheaper than a branch
-    # per format, because every branch is a function instantiated again by each new dataset.
-    fixed = _fixed_offset_sizes(data, head)
-
-    def jpeg_size():
-        # libjpeg reads the markers up to the frame header; no pixel is decoded.
-        shape = tf.image.extract_jpeg_shape(data, output_type=tf.int64)
-        return _size(shape[0], shape[1])
-
-    is_jpeg = tf.equal(image_format, JPEG)
-    jpeg = tf.cond(is_jpeg, jpeg_size, lambda: _size(0, 0))
-    size = tf.where(is_jpeg, jpeg, tf.gather(fixed, image_format))
+    image_format, size, _ = parse_header(tf.convert_to_tensor(data, tf.string))
     return image_format, size
 
 
+def parse_header(data):
+    """(format, size, head bytes): image_header plus the bytes, for the decoder to reuse."""
+    head = head_bytes(data)
+    image_format = sniff_format(head)
+    branches = [lambda: _size(0, 0)] + [
+        (lambda parse: lambda: parse(data, head))(parse) for parse in (_jpeg, _png, _gif, _bmp, _webp)]
+    return image_format, tf.switch_case(tf.cast(image_format, tf.int32), branches), head
+
+
 def declared_pixels(size):
-    return size[0] * size[1] * size[2]
+    return tf.reduce_prod(size)

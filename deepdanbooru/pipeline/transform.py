@@ -81,45 +81,53 @@ def place_on_canvas(content, canvas):
 
 
 def warp_parameters(content_size, zoom, output_size, scale=1.0, angle_degrees=0.0, shift=(0.0, 0.0)):
-    """Inverse affine map [a, b, c, d, e, f]: output (x, y) samples input (a x + b y + e, c x + d y + f).
+    """Inverse affine maps [..., 6] = (a, b, c, d, e, f): output (x, y) samples input (a x + b y + e, c x + d y + f).
 
     Forward: move the content centre to the origin, scale by zoom * scale,
     rotate by angle_degrees, move to the output centre, shift by
-    (width * shift[0], height * shift[1]).
+    (width * shift[0], height * shift[1]). content_size is int [..., 2]
+    (height, width); the other arguments broadcast against its leading shape.
     """
     out_h, out_w = output_size
-    centre_in = tf.cast(tf.math.floordiv(content_size, 2), tf.float32)  # (y, x)
+    centre_y, centre_x = tf.unstack(tf.cast(tf.math.floordiv(content_size, 2), tf.float32), axis=-1)
     centre_out_x = float(out_w // 2) + out_w * tf.cast(shift[0], tf.float32)
     centre_out_y = float(out_h // 2) + out_h * tf.cast(shift[1], tf.float32)
     angle = tf.cast(angle_degrees, tf.float32) * (math.pi / 180.0)
     inverse_scale = 1.0 / (tf.cast(zoom, tf.float32) * tf.cast(scale, tf.float32))
     cos = tf.cos(angle) * inverse_scale
     sin = tf.sin(angle) * inverse_scale
-    offset_x = centre_in[1] - (cos * centre_out_x - sin * centre_out_y)
-    offset_y = centre_in[0] - (sin * centre_out_x + cos * centre_out_y)
-    return tf.stack([cos, -sin, sin, cos, offset_x, offset_y])
+    offset_x = centre_x - (cos * centre_out_x - sin * centre_out_y)
+    offset_y = centre_y - (sin * centre_out_x + cos * centre_out_y)
+    cos, sin, offset_x, offset_y = (tf.broadcast_to(v, tf.shape(centre_x)) for v in (cos, sin, offset_x, offset_y))
+    return tf.stack([cos, -sin, sin, cos, offset_x, offset_y], axis=-1)
 
 
-def record_key(seed, random_seed, position):
-    """The stateless random key of one record: a pure function of (seed, random_seed, position)."""
-    base = tf.stack([tf.cast(seed, tf.int64), tf.cast(random_seed, tf.int64)])
-    return tf.random.experimental.stateless_fold_in(base, tf.cast(position, tf.int64), alg=RANDOM_ALGORITHM)
+def seed_hash(seed, random_seed):
+    """One int64 from (seed, random_seed): the first half of every record's random key."""
+    pair = tf.stack([tf.cast(seed, tf.int64), tf.cast(random_seed, tf.int64)])
+    return tf.random.stateless_uniform([], seed=pair, minval=None, maxval=None, dtype=tf.int64,
+                                       alg=RANDOM_ALGORITHM)
 
 
-def random_warp(key, augmentation: Augmentation):
-    """(scale relative to scale_max, angle in degrees, (dx, dy)) drawn uniformly from the ranges."""
-    uniform = tf.random.stateless_uniform([4], seed=key, alg=RANDOM_ALGORITHM)
+def record_uniforms(hashed_seed, position):
+    """Four uniforms in [0, 1): a pure function of (seed, random_seed, position), whatever the process."""
+    key = tf.stack([tf.cast(hashed_seed, tf.int64), tf.cast(position, tf.int64)])
+    return tf.random.stateless_uniform([4], seed=key, alg=RANDOM_ALGORITHM)
+
+
+def augmentation_values(uniforms, augmentation: Augmentation):
+    """uniforms [..., 4] -> (scale relative to scale_max, angle in degrees, (dx, dy)), each [...]."""
+    u_scale, u_angle, u_dx, u_dy = tf.unstack(uniforms, axis=-1)
 
     def draw(value_range, u, disabled):
         if value_range is None:
-            return tf.constant(disabled, tf.float32)
+            return tf.fill(tf.shape(u), disabled)
         low, high = value_range
         return low + (high - low) * u
 
-    scale = draw(augmentation.scale_range, uniform[0], 1.0) / augmentation.scale_max
-    angle = draw(augmentation.rotation_range, uniform[1], 0.0)
-    shift = (draw(augmentation.shift_range, uniform[2], 0.0), draw(augmentation.shift_range, uniform[3], 0.0))
-    return scale, angle, shift
+    scale = draw(augmentation.scale_range, u_scale, 1.0) / augmentation.scale_max
+    angle = draw(augmentation.rotation_range, u_angle, 0.0)
+    return scale, angle, (draw(augmentation.shift_range, u_dx, 0.0), draw(augmentation.shift_range, u_dy, 0.0))
 
 
 def _warp(canvas, parameters, content_size, output_size):
@@ -152,23 +160,50 @@ def _warp(canvas, parameters, content_size, output_size):
     return (top + (bottom - top) * fy) * (1.0 / 255.0)
 
 
+# Per-image ImageProjectiveTransform evaluates the whole projection for every channel of every
+# pixel; one fused XLA loop over the batch is about five times cheaper on a CPU.
 @functools.lru_cache(maxsize=None)
 def _compiled_warp(output_size):
-    # Per-image ImageProjectiveTransform evaluates the whole projection for every channel of every
-    # pixel; one fused XLA loop over the batch is about five times cheaper on a CPU.
     return tf.function(lambda c, p, s: _warp(c, p, s, output_size), jit_compile=True, reduce_retracing=True)
 
 
-def warp_batch(canvas, parameters, content_size, output_size, batch_size):
-    """Warp a batch of canvases (uint8 [b, H', W', 3]) to float32 [b, height, width, 3] in [0, 1].
+@functools.lru_cache(maxsize=None)
+def _compiled_transform(output_size, augmentation):
+    def transform(canvas, content_size, zoom, uniforms):
+        # The warp parameters are computed here, batched, rather than per record: fewer ops per record.
+        if augmentation is None:
+            parameters = warp_parameters(content_size, zoom, output_size)
+        else:
+            scale, angle, shift = augmentation_values(uniforms, augmentation)
+            parameters = warp_parameters(content_size, zoom, output_size, scale, angle, shift)
+        return _warp(canvas, parameters, content_size, output_size)
 
-    The batch is padded to `batch_size` so the compiled kernel sees one shape
-    whatever the number of images that survived decoding.
+    return tf.function(transform, jit_compile=True, reduce_retracing=True)
+
+
+def _pad_batch(batch_size, tensors, fill):
+    # The compiled kernels then see one shape whatever the number of images that survived decoding.
+    count = tf.shape(tensors[0])[0]
+    padded = []
+    for tensor, value in zip(tensors, fill):
+        padding = [[0, batch_size - count]] + [[0, 0]] * (len(tensor.shape) - 1)
+        padded.append(tf.pad(tensor, padding, constant_values=value))
+    return count, padded
+
+
+def warp_batch(canvas, parameters, content_size, output_size, batch_size):
+    """Warp canvases (uint8 [b, H', W', 3], content top-left) with explicit parameters [b, 6].
+
+    Returns float32 [b, height, width, 3] in [0, 1]; b <= batch_size.
     """
-    count = tf.shape(canvas)[0]
-    missing = batch_size - count
-    canvas = tf.pad(canvas, [[0, missing], [0, 0], [0, 0], [0, 0]])
-    parameters = tf.pad(parameters, [[0, missing], [0, 0]])
-    content_size = tf.pad(content_size, [[0, missing], [0, 0]], constant_values=1)
-    images = _compiled_warp(tuple(output_size))(canvas, parameters, content_size)
-    return images[:count]
+    count, padded = _pad_batch(batch_size, [canvas, parameters, content_size], [0, 0, 1])
+    return _compiled_warp(tuple(output_size))(*padded)[:count]
+
+
+def transform_batch(canvas, content_size, zoom, uniforms, output_size, augmentation, batch_size):
+    """The pipeline's per-batch step: warp parameters from (content size, zoom, uniforms), then the warp.
+
+    augmentation None is inference (identity warp, uniforms ignored).
+    """
+    count, padded = _pad_batch(batch_size, [canvas, content_size, zoom, uniforms], [0, 1, 1, 0])
+    return _compiled_transform(tuple(output_size), augmentation)(*padded)[:count]

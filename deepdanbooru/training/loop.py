@@ -17,8 +17,9 @@ same batches with the same augmentation as a run that never stopped.
 
 from __future__ import annotations
 
+import hashlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import keras
@@ -31,7 +32,7 @@ from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training import data
 from deepdanbooru.training.export import export_model
 from deepdanbooru.training.monitors import Progress, RunInfo, StepLog
-from deepdanbooru.training.precision import FLOAT32, MIXED, choose_policy, global_policy, with_policy
+from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.training.state import (
     Counters,
     ResumeState,
@@ -62,14 +63,6 @@ class LossScaleState(tf.Module):
         else:
             self.dynamic_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="dynamic_scale")
             self.step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_counter")
-
-
-@dataclass
-class _Window:
-    """Wall time and position at the previous console line."""
-
-    time: float
-    samples: int
 
 
 def _enable_determinism(seed: int) -> None:
@@ -106,8 +99,6 @@ def _epoch_order(n: int, seed: int, random_seed: int) -> np.ndarray:
 
 
 def _records_hash(records) -> str:
-    import hashlib
-
     return hashlib.sha256(np.asarray(records.ids, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
@@ -156,7 +147,7 @@ class SliceTrainer:
         self.step = TrainStep(self.strategy, self.model, self.optimizer, self.config.loss,
                               loss_scaled=self.policy == MIXED)
         self.step.counters.step.assign(self.counters.used_minibatch)
-        self._window = _Window(time.monotonic(), 0)
+        self._last_log = time.monotonic()
         self._run_start = (time.monotonic(), self._done_records())
 
     # --- resume ---
@@ -307,8 +298,8 @@ class SliceTrainer:
         window = self.step.counters.read_window()
         now = time.monotonic()
         samples = window["samples"]
-        elapsed = max(now - self._window.time, 1e-9)
-        self._window = _Window(now, 0)
+        elapsed = max(now - self._last_log, 1e-9)
+        self._last_log = now
         tp, fp, fn = window["true_positives"], window["false_positives"], window["false_negatives"]
         precision = tp / (tp + fp) if tp + fp else 0.0
         recall = tp / (tp + fn) if tp + fn else 0.0

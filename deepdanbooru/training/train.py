@@ -71,8 +71,10 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
     """Train (or resume) the project; returns the final counters (training.state.Counters)."""
     plan = plan_training(project_dir, source_model, force_mixed_precision)
     with TrainingLock(plan.paths.lock, echo):
-        # TensorFlow's C++ start-up chatter would drown the first lines of our console output.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # TensorFlow's C++ log would interleave our console with noise (a cuInit failure on every CPU-only
+        # machine, a tf.data rewrite note per slice under op determinism); real failures still arrive as
+        # Python exceptions. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         from deepdanbooru.training.export import remove_partial_exports
         from deepdanbooru.training.loop import train
 

@@ -72,6 +72,8 @@ def encoded_variants(rgb: np.ndarray) -> dict[str, tuple[bytes, np.ndarray, int]
         "webp_alpha": (_encode(_with_alpha(rgb, 128), format="WEBP", lossless=True), rgb, 1),
         "webp_animated": (_encode(first, format="WEBP", save_all=True, append_images=rest, duration=50,
                                   lossless=True), rgb, 1),
+        "webp_animated_lossy": (_encode(first, format="WEBP", save_all=True, append_images=rest, duration=50,
+                                        quality=95), rgb, 16),
         "webp_animated_alpha": (_encode(first_rgba, format="WEBP", save_all=True, append_images=rest_rgba,
                                         duration=50, lossless=True), rgb, 1),
     }

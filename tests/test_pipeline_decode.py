@@ -39,18 +39,20 @@ def test_header_names_the_format_and_declares_the_size(name):
     assert FORMAT_NAMES[int(image_format)] == name.split("_")[0]
     height, width, frames = size.numpy().tolist()
     assert (height, width) == (HEIGHT, WIDTH)
-    assert frames == (3 if name.startswith("webp_animated") else 1)
+    assert frames == (3 if "animated" in name else 1)
 
 
-def test_animated_webp_fixture_exercises_the_alpha_less_animation_path():
+@pytest.mark.parametrize("name", ["webp_animated", "webp_animated_lossy"])
+def test_animated_webp_fixture_exercises_the_alpha_less_animation_path(name):
     # The process-killing case in TF_NOTES.md: VP8X with the animation flag and no alpha flag.
-    data = VARIANTS["webp_animated"][0]
+    data = VARIANTS[name][0]
     assert data[12:16] == b"VP8X" and data[20] & 0x02 and not data[20] & 0x10
 
 
 def test_animated_webp_decodes_in_a_child_process_without_crashing(tmp_path):
     # In a child process: a regression would kill pytest itself otherwise.
-    for name in ("webp_animated", "webp_animated_alpha", "webp_alpha", "webp_lossy"):
+    names = ("webp_animated", "webp_animated_lossy", "webp_animated_alpha", "webp_alpha", "webp_lossy")
+    for name in names:
         (tmp_path / f"{name}.webp").write_bytes(VARIANTS[name][0])
     script = textwrap.dedent(f"""
         import glob
@@ -62,7 +64,7 @@ def test_animated_webp_decodes_in_a_child_process_without_crashing(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                             cwd=str(Path(__file__).resolve().parents[1]))
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "decoded 4 of 4" in result.stdout
+    assert f"decoded {len(names)} of {len(names)}" in result.stdout
 
 
 def test_format_is_sniffed_from_bytes_not_extension(tmp_path):
@@ -99,10 +101,22 @@ def test_oversized_header_is_refused_before_decoding():
                                   "webp_lossless", "webp_animated"])
 def test_pixel_limit_applies_to_every_format(name):
     data = VARIANTS[name][0]
-    limit = HEIGHT * WIDTH * (3 if name == "webp_animated" else 1)
+    limit = HEIGHT * WIDTH * (3 if "animated" in name else 1)
     assert decode_image_bytes(tf.constant(data), limit).shape == (HEIGHT, WIDTH, 3)
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_image_pixels"):
         decode_image_bytes(tf.constant(data), limit - 1)
+
+
+def test_gif_frame_larger_than_its_logical_screen_counts_in_full():
+    # TensorFlow's GIF canvas spans the frames; a tiny logical screen must not hide a large frame.
+    buffer = io.BytesIO()
+    Image.fromarray(quadrant_image(20, 30)).convert("P").save(buffer, format="GIF")
+    data = bytearray(buffer.getvalue())
+    data[6:10] = bytes([5, 0, 4, 0])  # logical screen 5 x 4
+    assert image_header(tf.constant(bytes(data)))[1].numpy().tolist() == [20, 30, 1]
+    assert decode_image_bytes(tf.constant(bytes(data)), 600).shape == (20, 30, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_image_pixels"):
+        decode_image_bytes(tf.constant(bytes(data)), 599)
 
 
 def test_unknown_bytes_are_refused():

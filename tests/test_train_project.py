@@ -56,10 +56,10 @@ def test_two_epochs_write_exports_and_at_most_three_checkpoints(trained):
     project, lines = trained
     assert sorted(p.name for p in project.glob("*.keras")) == sorted(EXPORTS)
     assert not list(project.glob(".*.keras"))  # no partial export left behind
-    # 3 slices x 2 epochs + the "complete" checkpoint were written; the latest 3 are kept.
-    assert checkpoint_prefixes(project) == ["ckpt-5", "ckpt-6", "ckpt-7"]
+    # 3 slices x 2 epochs were written; the latest 3 are kept.
+    assert checkpoint_prefixes(project) == ["ckpt-4", "ckpt-5", "ckpt-6"]
     state = read_state(project)
-    assert state["checkpoint"] == "ckpt-7" and state["complete"] is True
+    assert state["checkpoint"] == "ckpt-6" and state["complete"] is True
     # 24 records, batch 4: 6 steps an epoch (slices of 8, 8, 8 records = 2 full batches each).
     assert (state["used_epoch"], state["used_minibatch"], state["used_sample"], state["offset"],
             state["random_seed"]) == (2, 12, 48, 0, 2)
@@ -112,14 +112,19 @@ def test_fresh_run_reproducible_and_resume_at_an_epoch_boundary(trained, tmp_pat
     set_config(project, epoch_count=2)
     lines = []
     train_project(project, echo=lines.append)
-    assert any(line.startswith("Resuming from ") and "used_epoch=1 used_minibatch=6 used_sample=24 offset=0 "
-               "random_seed=1" in line for line in lines)
+    # The last checkpoint is the last slice's: epoch 1's end runs again (re-export), then epoch 2.
+    assert any(line.startswith("Resuming from ") and "used_epoch=0 used_minibatch=6 used_sample=24 offset=24 "
+               "random_seed=0" in line for line in lines)
     for name in EXPORTS:
         assert_same_weights(reference / name, project / name)
+    before = {p.name: p.stat().st_mtime_ns for p in (project / "checkpoints").glob("ckpt-*")}
     lines = []
     train_project(project, echo=lines.append)
     assert any("Training already complete (2 of 2 epochs)" in line for line in lines)
-    assert not any(line.startswith("epoch ") for line in lines)
+    assert not any(line.startswith(("epoch ", "Checkpoint")) for line in lines)
+    assert {p.name: p.stat().st_mtime_ns for p in (project / "checkpoints").glob("ckpt-*")} == before
+    for name in EXPORTS:
+        assert_same_weights(reference / name, project / name)
 
 
 def copy_at(reference, directory, checkpoint: str):
@@ -179,7 +184,7 @@ def test_half_written_checkpoint_and_export_are_ignored(trained, tmp_path):
     for name in EXPORTS[1:]:
         (project / name).unlink()
     checkpoints = project / "checkpoints"
-    for stale in checkpoints.glob("ckpt-[67].*"):
+    for stale in checkpoints.glob("ckpt-6.*"):
         stale.unlink()
     (checkpoints / "ckpt-6_temp").mkdir()
     (checkpoints / "ckpt-6_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 100)
@@ -194,7 +199,7 @@ def test_half_written_checkpoint_and_export_are_ignored(trained, tmp_path):
     assert not list(project.glob(".*.keras"))
     for name in EXPORTS:
         assert_same_weights(reference / name, project / name)
-    assert read_state(project)["checkpoint"] == "ckpt-7"
+    assert read_state(project)["checkpoint"] == "ckpt-6"
 
 
 def _dead_pid():
@@ -238,7 +243,8 @@ def test_learning_rate_schedule_and_non_finite_loss(trained, tmp_path):
     with pytest.raises(TrainingError, match=r"non-finite loss at step (\d+) \(epoch 4\)") as error:
         train_project(project, echo=lambda *_: None, monitors=[recorder])
     assert recorder.rates == [(2, pytest.approx(0.003))] * 3
-    assert recorder.exports == [("model-resnet_small.e3.keras", "epoch")]
+    # The copied run's last checkpoint is epoch 2's last slice, so epoch 2's end (its export) runs again.
+    assert recorder.exports == [("model-resnet_small.e2.keras", "epoch"), ("model-resnet_small.e3.keras", "epoch")]
     message = str(error.value)
     step = int(message.split("non-finite loss at step ")[1].split()[0])
     assert step > 18  # epoch 4 starts after step 18

@@ -65,11 +65,12 @@ decode_image_bytes(data, max_image_pixels) -> uint8 [h, w, 3]
     Graph-mode and eager. JPEG (baseline, progressive, grayscale, CMYK), PNG
     (RGB, RGBA, palette, gray, gray+alpha, 16-bit), GIF (first frame), BMP,
     WebP (lossy, lossless, alpha, animated: first frame). The format is
-    sniffed from the bytes; the size declared by the header (PNG IHDR, GIF
-    logical screen, BMP header, WebP VP8/VP8L/VP8X canvas x frames, JPEG
-    frame header via libjpeg) is checked against max_image_pixels before any
-    pixel is decoded. Known gap: a GIF frame larger than its logical screen is
-    not checked (the frame descriptors sit behind variable-length blocks).
+    sniffed from the bytes; the size declared by the header (PNG IHDR, BMP
+    header, WebP VP8/VP8L/VP8X canvas x frames, JPEG frame header via
+    libjpeg, GIF canvas over all frame descriptors x frames, found by an
+    in-graph block walk) is checked against max_image_pixels before any pixel
+    is decoded. Animations count every frame because the decoders allocate
+    every frame.
 image_header(data) -> (format index, int64 [height, width, frames]); FORMAT_NAMES.
 tag_table(tags), multi_hot(tag_strings, table, n_tags): the label ops.
 Augmentation, warp_parameters, warp_batch, transform_batch: the geometry

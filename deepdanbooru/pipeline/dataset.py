@@ -1,11 +1,11 @@
 """Records -> tf.data batches for training, validation and inference, all through one code path.
 
-Per record, in a parallel map: read, check the header, decode, area-resize onto
-a canvas, draw the warp. Records that fail anywhere are removed by
+Per record, in a parallel map: read, check the header, decode, area-resize to
+fit, draw four stateless uniforms. Records that fail anywhere are removed by
 `ignore_errors()` *before* batching, and every element carries its position, so
 the gaps in the positions that come out name exactly the records that were
-dropped (BadImageTracker turns them into counts and log lines). Per batch:
-the compiled warp and the multi-hot labels.
+dropped (BadImageTracker turns them into counts and log lines). Per batch,
+after padding onto a fixed canvas: the compiled warp and the multi-hot labels.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 def _records(paths, positions, tag_strings):
     columns = {
-        "path": tf.constant(list(paths), tf.string, shape=[len(paths)]),
+        "path": tf.constant([str(path) for path in paths], tf.string, shape=[len(paths)]),
         "position": tf.constant(positions, tf.int64, shape=[len(paths)]),
     }
     if tag_strings is not None:
@@ -130,9 +130,20 @@ def preprocess_for_inference(data, *, height, width, max_image_pixels):
     Raises tf.errors.InvalidArgumentError for undecodable or oversized images;
     use deepdanbooru.pipeline.badimages.diagnose_bytes for a readable reason.
     """
-    output_size = (height, width)
-    canvas = canvas_size(height, width)
-    image, source = decode_for_box(data, max_image_pixels, output_size)
-    content, size, zoom = fit_into_box(image, source, output_size, canvas)
-    placed = place_on_canvas(content, canvas)
-    return transform_batch(placed[None], size[None], zoom[None], tf.zeros([1, 4]), output_size, None, 1)[0]
+    single = _single_image_function((int(height), int(width)), int(max_image_pixels))
+    return single(tf.convert_to_tensor(data, tf.string))
+
+
+@functools.lru_cache(maxsize=8)
+def _single_image_function(output_size, max_image_pixels):
+    canvas = canvas_size(*output_size)
+    box = (float(output_size[0]), float(output_size[1]))
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([], tf.string)])
+    def preprocess(data):
+        image, source = decode_for_box(data, max_image_pixels, box)
+        content, size, zoom = fit_into_box(image, source, box, canvas)
+        placed = place_on_canvas(content, canvas)
+        return transform_batch(placed[None], size[None], zoom[None], tf.zeros([1, 4]), output_size, None, 1)[0]
+
+    return preprocess

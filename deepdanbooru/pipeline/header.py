@@ -105,10 +105,64 @@ def _png(data, head):
     return tf.where(has_ihdr, _size(height, width), _size(0, 0))
 
 
+# Block walk over a GIF: each loop step reads one block header or skips up to _GIF_HOPS data
+# sub-blocks, and advances at least one byte; the cap bounds the work on crafted files.
+GIF_MAX_STEPS = 1 << 14
+_GIF_HOPS = 4
+_GIF_EXTENSION, _GIF_IMAGE = 0x21, 0x2C
+_GIF_DESCRIPTOR = ((0, 1, False), (1, 2, False), (3, 2, False), (5, 2, False), (7, 2, False), (9, 1, False))
+
+
+def _colour_table_bytes(flags):
+    return tf.where(tf.bitwise.bitwise_and(flags, 0x80) != 0,
+                    3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), tf.bitwise.bitwise_and(flags, 7)), 0)
+
+
 def _gif(data, head):
-    # The logical screen: TensorFlow decodes only the first frame without expand_animations.
-    width, height = tf.unstack(read_fields(head, ((6, 2, False), (8, 2, False))))
-    return _size(height, width)
+    """[canvas height, canvas width, frames]: TensorFlow's canvas spans every frame, not just the screen.
+
+    giflib reads every frame's raster before TensorFlow keeps the first, and a
+    frame may be larger than the logical screen, so the frame descriptors
+    (behind variable-length blocks) are walked in-graph. A walk stopped by
+    GIF_MAX_STEPS before the trailer declares size 0, and the file is refused.
+    """
+    screen_w, screen_h, flags = tf.unstack(read_fields(head, ((6, 2, False), (8, 2, False), (10, 1, False))))
+    body = tf.io.decode_raw(data, tf.uint8)
+    length = tf.size(body, out_type=tf.int64)
+    body = tf.concat([body, tf.zeros([16], tf.uint8)], axis=0)  # reads past the end see zeros
+
+    def read(positions):
+        return tf.cast(tf.gather(body, tf.minimum(positions, length)), tf.int64)
+
+    def step(position, in_blocks, height, width, frames, finished, steps):
+        # Inside a run of data sub-blocks: a size byte, then that many bytes; size 0 ends the run.
+        hop_position, hopping = position, in_blocks
+        for _ in range(_GIF_HOPS):
+            size = read(hop_position)
+            hop_position = tf.where(hopping, hop_position + 1 + size, hop_position)
+            hopping = tf.logical_and(hopping, tf.logical_and(size != 0, hop_position < length))
+        kind, left, top, frame_w, frame_h, frame_flags = tf.unstack(
+            read_fields(read(position + tf.range(10, dtype=tf.int64)), _GIF_DESCRIPTOR))
+        is_image = tf.logical_and(tf.logical_not(in_blocks), tf.equal(kind, _GIF_IMAGE))
+        is_extension = tf.logical_and(tf.logical_not(in_blocks), tf.equal(kind, _GIF_EXTENSION))
+        # Image: 10-byte descriptor, local colour table, LZW code size byte, then sub-blocks.
+        block_position = tf.where(is_image, position + 11 + _colour_table_bytes(frame_flags), position + 2)
+        ended = tf.logical_and(tf.logical_not(in_blocks), tf.logical_not(tf.logical_or(is_image, is_extension)))
+        return (tf.where(in_blocks, hop_position, block_position),
+                tf.where(in_blocks, hopping, tf.logical_or(is_image, is_extension)),
+                tf.where(is_image, tf.maximum(height, top + frame_h), height),
+                tf.where(is_image, tf.maximum(width, left + frame_w), width),
+                frames + tf.cast(is_image, tf.int64), ended, steps + 1)
+
+    def running(position, in_blocks, height, width, frames, finished, steps):
+        return tf.logical_and(tf.logical_not(finished), tf.logical_and(position < length, steps < GIF_MAX_STEPS))
+
+    start = (13 + _colour_table_bytes(flags), tf.constant(False), screen_h, screen_w, tf.constant(0, tf.int64),
+             tf.constant(False), tf.constant(0, tf.int64))
+    position, _, height, width, frames, finished, _ = tf.while_loop(running, step, start)
+    # A walk that ran out of data (a truncated file) bounds all there is; one stopped by the cap does not.
+    trusted = tf.logical_or(finished, position >= length)
+    return tf.where(trusted, _size(height, width, tf.maximum(frames, 1)), _size(0, 0))
 
 
 def _bmp(data, head):

@@ -178,20 +178,22 @@ class SliceTrainer:
         c = self.counters
         for monitor in self.monitors:
             monitor.on_train_begin(self._run_info())
-        if c.used_epoch >= self.config.epoch_count:
-            # Finished earlier: nothing to train; re-write the final export in case it was deleted.
-            self.echo(f"Training already complete ({c.used_epoch} of {self.config.epoch_count} epochs); raise "
-                      f"epoch_count in {self.config.config_path} to train further")
-            self._export(self.paths.final_export(self.config.model), "final")
-            return c
-        while c.used_epoch < self.config.epoch_count:
+        epochs = self.config.epoch_count
+        if c.used_epoch >= epochs or (c.used_epoch == epochs - 1 and c.offset >= self.n):
+            # The last checkpoint of a run is its last slice's: only the epoch end and exports are left.
+            self.echo(f"Training already complete ({epochs} of {epochs} epochs); writing the exports again. "
+                      f"Raise epoch_count in {self.config.config_path} to train further")
+        while c.used_epoch < epochs:
             order = _epoch_order(self.n, self.config.seed, c.random_seed)
             self.optimizer.learning_rate = self.config.learning_rate_for_epoch(c.used_epoch)
             while c.offset < self.n:
                 self._train_slice(order)
             self._end_epoch()
         self._export(self.paths.final_export(self.config.model), "final")
-        self._save_checkpoint(complete=True)
+        # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
+        # records the counters after the epoch end, for preflight to say that training is complete.
+        if self.manager.latest_checkpoint:
+            self._write_mirror(self.manager.latest_checkpoint, complete=True)
         for monitor in self.monitors:
             monitor.on_train_end(self._progress())
         return c
@@ -265,14 +267,17 @@ class SliceTrainer:
             f"{kept}. Lower the learning rate (now {self.config.learning_rate_for_epoch(self.counters.used_epoch)}"
             ") or set gradient_clip_norm, then run train-project again"))
 
-    def _save_checkpoint(self, complete: bool = False) -> str:
+    def _save_checkpoint(self) -> str:
         self._check_finite()
         self.state.assign(self.counters, self.identity, self.records_hash)
         path = self.manager.save()
         # Only after TensorFlow has renamed the finished checkpoint into place.
-        write_state_json(self.paths.checkpoints, path, self.counters, self.identity, complete=complete,
-                         epoch_count=self.config.epoch_count, train_records=self.n)
+        self._write_mirror(path, complete=False)
         return path
+
+    def _write_mirror(self, checkpoint: str, complete: bool) -> None:
+        write_state_json(self.paths.checkpoints, checkpoint, self.counters, self.identity, complete=complete,
+                         epoch_count=self.config.epoch_count, train_records=self.n)
 
     def _export(self, path: Path, kind: str) -> None:
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None

@@ -301,19 +301,62 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
     _exit_if_skipped(summary)
 
 
+_METRICS_ONLY = ("model", "split", "start_id", "end_id", "as_json")
+
+
 @main.command("evaluate-project")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
-@click.argument("target", type=click.Path(path_type=str))
+@click.argument("target", required=False, type=click.Path(path_type=str))
 @_THRESHOLD
 @_THRESHOLDS_CSV
 @_ALLOW_GPU
 @_FORMAT
 @_BATCH_SIZE
-def evaluate_project(project_path, target, threshold, thresholds_csv, allow_gpu, output_format, batch_size):
+@click.option("--metrics", is_flag=True,
+              help="Instead of tagging TARGET, measure the model on the project's labelled records and print the "
+                   "validation metrics (docs/metrics.md).")
+@click.option("--model", type=click.Path(dir_okay=False, path_type=str),
+              help="With --metrics: the model file to measure [default: the project's final export].")
+@click.option("--split", type=click.Choice(["validation", "all"]), default="validation", show_default=True,
+              help="With --metrics: the project's validation split, or every eligible post.")
+@click.option("--start-id", type=int, help="With --metrics: only posts with id >= this.")
+@click.option("--end-id", type=int, help="With --metrics: only posts with id <= this.")
+@click.option("--json", "as_json", is_flag=True, help="With --metrics: print one JSON object.")
+@click.pass_context
+def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow_gpu, output_format, batch_size,
+                     metrics, model, split, start_id, end_id, as_json):
     """Tag TARGET (an image, or a folder searched recursively) with PROJECT_PATH's model.
 
     Same as `evaluate TARGET --project-path PROJECT_PATH --allow-folder`; exit code 1 when an image was skipped.
+
+    With --metrics (and no TARGET): the metrics of the model over the
+    project's validation split (or --split all, limited by --start-id and
+    --end-id); the working threshold defaults to the project's
+    validation_threshold.
     """
+    from click.core import ParameterSource
+
+    def given(name):
+        return ctx.get_parameter_source(name) != ParameterSource.DEFAULT
+
+    if metrics:
+        if target is not None:
+            raise click.UsageError("TARGET is not used with --metrics (the project's records are measured)")
+        if thresholds_csv is not None or output_format == "csv":
+            raise click.UsageError("--thresholds-csv and --format csv apply to tagging, not to --metrics")
+        from deepdanbooru.inference.project_metrics import project_metrics
+
+        summary = project_metrics(project_path, model_path=model, split=split, start_id=start_id, end_id=end_id,
+                                  threshold=threshold if given("threshold") else None, batch_size=batch_size,
+                                  allow_gpu=allow_gpu, as_json=as_json or output_format == "json", echo=click.echo)
+        _exit_if_skipped(summary)
+        return
+    misplaced = [f"--{name.replace('_', '-')}" if name != "as_json" else "--json"
+                 for name in _METRICS_ONLY if given(name)]
+    if misplaced:
+        raise click.UsageError(f"{', '.join(misplaced)} only apply with --metrics")
+    if target is None:
+        raise click.UsageError("Missing argument 'TARGET' (or pass --metrics to measure the model instead)")
     from deepdanbooru.inference.evaluate import evaluate as run_evaluate
 
     summary = run_evaluate([target], project_path=project_path, threshold=threshold, thresholds_csv=thresholds_csv,

@@ -159,12 +159,11 @@ def _kill_when(project, trigger: str, occurrence: int, delay: float) -> str:
 def test_sigkill_at_varied_moments_then_resume_matches(trained, tmp_path, sample_dataset):
     reference, _ = trained
     project = make_project(tmp_path / "killed", *sample_dataset)
-    # Mid-step, around a checkpoint write, around an export, after the first epoch's export.
-    kills = [("step 1:", 1, 0.0), ("Checkpoint", 1, 0.02), ("epoch 2/2", 1, 0.01),
-             ("Exported", 1, 0.05), ("Checkpoint", 2, 0.3)]
+    # Just after a checkpoint (while the next slice starts), around the epoch-1 export, mid-step in epoch 2.
+    kills = [("Checkpoint", 1, 0.02), ("Exported", 1, 0.05), ("step 9:", 1, 0.0)]
     outputs = [_kill_when(project, *kill) for kill in kills]
     assert not any("Training complete" in out for out in outputs)  # every kill landed before the end
-    assert sum("Resuming from" in out for out in outputs) >= 3
+    assert all("Resuming from" in out for out in outputs[1:])
     final = run_cli(project)
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     for name in EXPORTS:

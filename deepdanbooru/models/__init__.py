@@ -5,7 +5,7 @@
     parameter_counts(name, input_shape, n_tags) -> (trainable, non_trainable), no TensorFlow
     model_names() -> tuple[str, ...]
     make_loss(name, reduction="sum_over_batch_size") -> keras.losses.Loss
-    make_optimizer(name, learning_rate, clipnorm=None) -> keras.optimizers.Optimizer
+    make_optimizer(name, learning_rate, clipnorm=None, global_clipnorm=None) -> keras.optimizers.Optimizer
     load_model_file(path) -> keras.Model                   .keras, DeepDanbooru 1.0 .h5
     count_weights(model) -> (trainable, non_trainable)
 

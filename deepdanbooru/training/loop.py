@@ -31,7 +31,7 @@ from deepdanbooru.models import build_model, load_model_file, make_optimizer
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training import data
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Progress, RunInfo, StepLog
+from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport
 from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.training.state import (
     Counters,
@@ -43,6 +43,7 @@ from deepdanbooru.training.state import (
 )
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import choose_strategy
+from deepdanbooru.training.validation import Validator, write_sidecars
 
 KEEP_CHECKPOINTS = 3
 
@@ -132,13 +133,15 @@ class SliceTrainer:
             self.model = _make_model(plan, self.policy)
             rate = self.config.learning_rate_for_epoch(0)
             self.optimizer, inner = build_optimizer(
-                lambda: make_optimizer(self.config.optimizer, rate, self.config.gradient_clip_norm),
+                # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
+                lambda: make_optimizer(self.config.optimizer, rate, global_clipnorm=self.config.gradient_clip_norm),
                 self.policy == MIXED)
             # Built before any restore, so every slot exists and the restore fills it in place.
             self.optimizer.build(self.model.trainable_variables)
         self.state = ResumeState()
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=inner, state=self.state,
-                                              loss_scale=LossScaleState(self.optimizer))
+        self._core = dict(model=self.model, optimizer=inner, state=self.state,
+                          loss_scale=LossScaleState(self.optimizer))
+        self.checkpoint = tf.train.Checkpoint(**self._core, monitors=_monitor_state(self.monitors))
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.paths.checkpoints),
                                                   max_to_keep=KEEP_CHECKPOINTS, checkpoint_name="ckpt")
         self.counters = self._restore()
@@ -147,6 +150,8 @@ class SliceTrainer:
         self.step = TrainStep(self.strategy, self.model, self.optimizer, self.config.loss,
                               loss_scaled=self.policy == MIXED)
         self.step.counters.step.assign(self.counters.used_minibatch)
+        self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
+            if len(plan.validation) else None
         self._last_log = time.monotonic()
         self._run_start = (time.monotonic(), self._done_records())
 
@@ -156,7 +161,12 @@ class SliceTrainer:
         if not self.latest:
             return Counters()
         try:
-            self.checkpoint.restore(self.latest).assert_existing_objects_matched()
+            status = self.checkpoint.restore(self.latest)
+            try:
+                status.assert_existing_objects_matched()
+            except AssertionError:
+                # Monitor state (e.g. the best-so-far value) may predate this checkpoint; only the core must match.
+                tf.train.Checkpoint(**self._core).read(self.latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
             raise TrainingError(file_field(
@@ -175,6 +185,13 @@ class SliceTrainer:
     # --- the loop ---
 
     def run(self) -> Counters:
+        try:
+            return self._run()
+        finally:
+            for monitor in self.monitors:
+                monitor.close()
+
+    def _run(self) -> Counters:
         c = self.counters
         for monitor in self.monitors:
             monitor.on_train_begin(self._run_info())
@@ -234,9 +251,19 @@ class SliceTrainer:
                 "fix or remove the images listed in this file, or raise the limit"))
         c.used_sample = self._base_samples + int(self.step.counters.total_samples.numpy())
         c.offset = stop
+        # Before the checkpoint, so what validation changes (best-so-far value, history) is saved with it.
+        if self.validator is not None:
+            frequency = self.config.validation_frequency_slices
+            if stop >= self.n:
+                self._validate("epoch")
+            elif frequency and (-(-stop // self.slice_records)) % frequency == 0:
+                self._validate("slice")
+        logs: dict = {}
+        for monitor in self.monitors:
+            monitor.before_checkpoint(self._progress(), logs)
         saving = time.monotonic()
         path = self._save_checkpoint()
-        logs: dict = {"checkpoint_seconds": time.monotonic() - saving}
+        logs["checkpoint_seconds"] = time.monotonic() - saving
         for monitor in self.monitors:
             monitor.on_slice_end(self._progress(), path, logs)
 
@@ -282,10 +309,20 @@ class SliceTrainer:
     def _export(self, path: Path, kind: str) -> None:
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
         written = export_model(self.model, path, float32_copy=copy)
+        if self.validator is not None:
+            report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
+            write_sidecars(path, self.plan.tags, report)
         for monitor in self.monitors:
             monitor.on_export(written[0], kind)
             if copy is not None:
                 monitor.on_export(written[1], "float32")
+
+    def _validate(self, trigger: str) -> ValidationReport:
+        report = self.validator.run(self._progress(), trigger)
+        logs: dict = {}
+        for monitor in self.monitors:
+            monitor.on_validation(report, logs)
+        return report
 
     # --- reporting ---
 
@@ -316,7 +353,8 @@ class SliceTrainer:
                            + int(self.step.counters.total_samples.numpy()))
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
                       precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,
-                      eta_seconds=eta, fraction=progress.fraction(position))
+                      eta_seconds=eta, fraction=progress.fraction(position),
+                      learning_rate=self.config.learning_rate_for_epoch(progress.used_epoch))
         for monitor in self.monitors:
             monitor.on_step_log(log)
 
@@ -329,7 +367,21 @@ class SliceTrainer:
             slice_records=self.slice_records, slices_per_epoch=slices, policy=self.policy,
             resumed_from=self.latest, start=self._progress(),
             source_model=str(self.plan.source_model) if self.plan.source_model else None,
+            validation_fraction=self.config.validation_fraction,
+            validation_frequency_slices=self.config.validation_frequency_slices,
+            best_model_metric=self.config.best_model_metric, config_path=self.config.config_path,
             extras={"model": self.model, "optimizer": self.optimizer, "strategy": self.strategy, "plan": self.plan})
+
+
+def _monitor_state(monitors) -> tf.Module:
+    """The monitors' checkpoint_objects under one key, so they never collide with the trainer's own."""
+    state = tf.Module(name="monitors")
+    for monitor in monitors:
+        for name, trackable in monitor.checkpoint_objects().items():
+            if hasattr(state, name):
+                raise ValueError(f"two monitors save state under the checkpoint key {name!r}")
+            setattr(state, name, trackable)
+    return state
 
 
 def train(plan, monitors, echo=print) -> Counters:

@@ -289,6 +289,10 @@ def _json_value(value):
     return value
 
 
+# For other writers of metric files (best-model sidecar, history): numpy and non-finite values made JSON-safe.
+json_ready = _json_value
+
+
 def write_metrics_json(path, result: dict, extra: dict | None = None) -> None:
     """{**extra, "metrics": scalar metrics}; non-finite numbers are written as null."""
     payload = dict(extra or {})

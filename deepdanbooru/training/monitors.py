@@ -1,10 +1,16 @@
 """What the trainer tells the outside world, through one small interface.
 
 The loop calls each monitor in list order. Monitors only read: the loop owns
-the counters and decides when to stop. `logs` dicts passed to slice and
-epoch ends are shared by the monitors of one call, Keras-callback style, so a
-validator placed first can add metrics that a history writer placed later
-records.
+the counters and decides when to stop and when to validate. `logs` dicts
+passed to one event are shared by the monitors of that call, Keras-callback
+style, so a monitor placed earlier (the best-model saver) can leave a note
+that one placed later (the console) prints.
+
+Order of events around a checkpoint: on_validation (when the slice is due
+for one), before_checkpoint, the checkpoint is written, on_slice_end (same
+`logs` as before_checkpoint). Whatever a monitor must not lose to a kill
+(history lines, TensorBoard events, the best-so-far value in its
+checkpoint_objects) is therefore durable once the checkpoint exists.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ class RunInfo:
     resumed_from: str | None  # checkpoint path, None for a fresh run
     start: "Progress"
     source_model: str | None = None
+    validation_fraction: float = 0.0
+    validation_frequency_slices: int = 0
+    best_model_metric: str = "macro_f1"
+    config_path: Path | None = None
     # Live objects for monitors that need them (validation, best-model export); read-only by convention.
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -68,10 +78,36 @@ class StepLog:
     samples_per_second: float
     eta_seconds: float | None
     fraction: float
+    learning_rate: float | None = None
+
+
+@dataclass
+class ValidationReport:
+    """One pass over the validation records with the weights of `progress`."""
+
+    progress: Progress
+    trigger: str  # "slice" (every validation_frequency_slices), "epoch" (last slice of an epoch), "export"
+    result: dict  # ValidationMetrics.result(): scalar metrics plus "per_tag" arrays
+    records: int  # validation records
+    skipped: int  # of them, unreadable and left out
+    seconds: float
+
+    @property
+    def metrics(self) -> dict:
+        """The scalar metrics (no per-tag arrays)."""
+        return {key: value for key, value in self.result.items() if key != "per_tag"}
 
 
 class Monitor:
     """Base class: override the events you need; every method is a no-op here."""
+
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """Trackables (tf.Module, tf.Variable) saved in every checkpoint and restored before on_train_begin.
+
+        Keys must be stable across versions. A checkpoint written before a key
+        existed restores everything else and leaves that object as it was made.
+        """
+        return {}
 
     def on_train_begin(self, run: RunInfo) -> None:
         pass
@@ -85,6 +121,12 @@ class Monitor:
     def on_step_log(self, log: StepLog) -> None:
         pass
 
+    def on_validation(self, report: ValidationReport, logs: dict) -> None:
+        """After a validation pass; before the checkpoint that follows it (if any)."""
+
+    def before_checkpoint(self, progress: Progress, logs: dict) -> None:
+        """A slice is trained; make durable now what must survive with the checkpoint about to be written."""
+
     def on_slice_end(self, progress: Progress, checkpoint: str, logs: dict) -> None:
         pass
 
@@ -96,6 +138,9 @@ class Monitor:
 
     def on_train_end(self, progress: Progress) -> None:
         pass
+
+    def close(self) -> None:
+        """Always called last, also when training stops with an error: release files and writers."""
 
 
 def format_duration(seconds: float | None) -> str:
@@ -112,10 +157,12 @@ class ConsoleMonitor(Monitor):
 
     def __init__(self, echo=print):
         self.echo = echo
+        self._last_validation: ValidationReport | None = None
 
     def on_train_begin(self, run):
         height, width, _ = run.input_shape
         self.echo(f"Records: {run.train_records} training, {run.validation_records} validation")
+        self.echo(validation_plan_line(run))
         source = f" (from {run.source_model})" if run.source_model else ""
         self.echo(f"Model: {run.model_name}{source}, input {height}x{width}, batch {run.batch_size}, "
                   f"{run.policy}")
@@ -136,6 +183,20 @@ class ConsoleMonitor(Monitor):
                   f"{log.samples_per_second:.1f} samples/s {100 * log.fraction:.1f}% "
                   f"ETA {format_duration(log.eta_seconds)}")
 
+    def on_validation(self, report, logs):
+        self._last_validation = report
+        m = report.result
+        skipped = f", {report.skipped} unreadable skipped" if report.skipped else ""
+        line = (f"Validation at step {report.progress.used_minibatch} ({m['samples']} records{skipped}): "
+                f"loss {_number(m['loss'])} micro-F1 {m['micro_f1']:.4f} macro-F1 {m['macro_f1']:.4f} "
+                f"mAP {m['map']:.4f} MCC {m['mcc']:.4f} at threshold {m['threshold']:g}; "
+                f"best single threshold {m['global_threshold']:g} (micro-F1 {m['global_threshold_f1']:.4f}); "
+                f"{report.seconds:.1f} s")
+        best = logs.get("best")
+        if best:
+            line += f"; new best {best['metric']}, saved {Path(best['path']).name}"
+        self.echo(line)
+
     def on_slice_end(self, progress, checkpoint, logs):
         took = logs.get("checkpoint_seconds")
         took = f", {took:.2f} s" if took is not None else ""
@@ -148,6 +209,36 @@ class ConsoleMonitor(Monitor):
     def on_train_end(self, progress):
         self.echo(f"Training complete: {progress.used_epoch} epoch(s), {progress.used_minibatch} steps, "
                   f"{progress.used_sample} samples")
+        if self._last_validation is not None:
+            self.echo(final_validation_line(self._last_validation))
+
+
+def _number(value, digits: int = 4) -> str:
+    return "n/a" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def final_validation_line(report: ValidationReport) -> str:
+    """The line a script can grep for at the end of a run: `Final validation (...): micro-F1 X, macro-F1 Y, mAP Z, ...`."""
+    m = report.result
+    return (f"Final validation (step {report.progress.used_minibatch}, {m['samples']} records): "
+            f"micro-F1 {m['micro_f1']:.4f}, macro-F1 {m['macro_f1']:.4f}, mAP {m['map']:.4f}, "
+            f"loss {_number(m['loss'])}, MCC {m['mcc']:.4f} at threshold {m['threshold']:g}")
+
+
+def validation_plan_line(run: RunInfo) -> str:
+    """What validation this run does, or how to turn it on."""
+    where = run.config_path or "project.json"
+    if run.validation_records:
+        every = (f"after every {run.validation_frequency_slices} slice(s) and at each epoch end"
+                 if run.validation_frequency_slices else "at each epoch end")
+        return (f"Validation: {run.validation_records} records held out (validation_fraction "
+                f"{run.validation_fraction:g}), never trained on; validated {every}; best model by "
+                f"{run.best_model_metric}")
+    if run.validation_fraction > 0:
+        return (f"Validation: off, validation_fraction {run.validation_fraction:g} selected none of the "
+                f"{run.train_records} eligible records; raise it in {where} or add posts")
+    return (f"Validation: off. To measure the model on held-out records (metrics, calibrated thresholds, "
+            f"the best model), set \"validation_fraction\": 0.05 in {where}")
 
 
 class ProgressBarMonitor(Monitor):
@@ -189,6 +280,9 @@ class ProgressBarMonitor(Monitor):
 
     # Every other event prints a line: clear the bar first so the line starts clean.
     def on_step_log(self, log):
+        self._clear()
+
+    def on_validation(self, report, logs):
         self._clear()
 
     def on_slice_end(self, progress, checkpoint, logs):

@@ -60,10 +60,23 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
-    """The monitors of a normal run, in call order."""
-    from deepdanbooru.training.monitors import default_monitors
+    """The monitors of a normal run, in call order.
 
-    return default_monitors(echo, stream)
+    The best-model saver comes before the writers and the console so its note
+    ("new best") reaches them in the same validation's logs. It is there even
+    without validation: its (empty) state in every checkpoint lets a later run
+    turn validation on and still resume.
+    """
+    from deepdanbooru.training.best import BestModelMonitor
+    from deepdanbooru.training.history import HistoryMonitor
+    from deepdanbooru.training.monitors import default_monitors
+    from deepdanbooru.training.tensorboard import TensorBoardMonitor
+
+    bar, console = default_monitors(echo, stream)
+    config = plan.config
+    best = BestModelMonitor(plan.paths.best_export(config.model), config.best_model_metric, plan.tags,
+                            mixed_precision=config.mixed_precision, echo=echo)
+    return [bar, best, TensorBoardMonitor(plan.paths.logs, echo), HistoryMonitor(plan.paths.history, echo), console]
 
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,

@@ -1,0 +1,139 @@
+"""evaluate-project --metrics: a saved model's validation metrics over a project's records.
+
+The records, preprocessing, loss and metrics are the trainer's own
+(training.split, pipeline.inference_dataset, training.validation), so the
+figures of an export match those in its `*.metrics.json` and let a user
+compare exports, or any model, on the same images.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from deepdanbooru.dataset.records import Records, load_records
+from deepdanbooru.errors import ConfigError, DatasetError, ModelError, UserError, file_field
+from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.project.config import load_config
+from deepdanbooru.project.tags import load_tags
+
+SPLITS = ("validation", "all")
+
+# Printed first, in this order; the remaining scalars follow.
+_LEAD = ("loss", "micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall", "macro_f1",
+         "map", "mcc", "global_threshold", "global_threshold_precision", "global_threshold_recall",
+         "global_threshold_f1", "calibrated_tags", "calibrated_macro_f1")
+
+
+@dataclass
+class MetricsSummary:
+    model: Path
+    split: str
+    records: int
+    result: dict
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> dict:
+        return {key: value for key, value in self.result.items() if key != "per_tag"}
+
+
+def _echo_err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def select_records(config, split: str, start_id: int | None = None, end_id: int | None = None) -> Records:
+    """The project's eligible records of `split`, limited to start_id <= id <= end_id."""
+    from deepdanbooru.training.split import split_records
+
+    if split not in SPLITS:
+        raise UserError(f"--split: must be one of {', '.join(SPLITS)}, got {split!r}")
+    if start_id is not None and end_id is not None and start_id > end_id:
+        raise UserError(f"--start-id {start_id} is greater than --end-id {end_id}")
+    database = config.require_database()
+    records = load_records(database, config.minimum_tag_count, config.image_extensions)
+    if split == "validation":
+        if config.validation_fraction <= 0:
+            raise ConfigError(file_field(
+                config.config_path, "validation_fraction",
+                "is 0, so the project has no validation split; use --split all (with --start-id/--end-id "
+                "to pick records), or set the fraction the model was trained with"))
+        _, records = split_records(records, config.validation_fraction, config.seed)
+    low = start_id if start_id is not None else -(1 << 63)
+    high = end_id if end_id is not None else (1 << 63) - 1
+    chosen = [index for index, post_id in enumerate(records.ids) if low <= post_id <= high]
+    if not chosen:
+        where = f"the validation split (validation_fraction {config.validation_fraction:g})" \
+            if split == "validation" else "the eligible posts"
+        limits = "" if start_id is None and end_id is None else f" with {low if start_id is not None else '...'} " \
+            f"<= id <= {high if end_id is not None else '...'}"
+        raise DatasetError(file_field(database, "posts", f"no record in {where}{limits}"))
+    return records if len(chosen) == len(records) else records.subset(chosen)
+
+
+def _format(value) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def project_metrics(project_path, *, model_path=None, split="validation", start_id=None, end_id=None,
+                    threshold=None, batch_size=32, allow_gpu=False, as_json=False, echo=print,
+                    echo_err=_echo_err) -> MetricsSummary:
+    """Measure a model (default: the project's final export) on the project's records; print the metrics."""
+    config = load_config(project_path)
+    tags = load_tags(config.project_dir / "tags.txt")
+    files = resolve_model_files(project_path, model_path)
+    records = select_records(config, split, start_id, end_id)
+    threshold = config.validation_threshold if threshold is None else float(threshold)
+    if not 0.0 <= threshold <= 1.0:
+        raise UserError(f"--threshold: must be in [0, 1], got {threshold}")
+
+    from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
+    from deepdanbooru.models.files import load_model_file
+    from deepdanbooru.pipeline import diagnose, inference_dataset
+    from deepdanbooru.training.validation import BatchScorer, measure
+
+    configure_devices(allow_gpu)
+    model = load_model_file(files.model)
+    check_output_width(model, files.model, tags, files.tags)
+    height, width = model_input_size(model, files.model, config)
+    paths = records.paths()
+    dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size,
+                                max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
+                                tags=tags)
+    seen = set()
+    try:
+        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold,
+                          observe=lambda positions: seen.update(int(p) for p in positions))
+    except ValueError as error:
+        raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None
+    summary = MetricsSummary(model=files.model, split=split, records=len(paths), result=metrics.result())
+    for index in range(len(paths)):
+        if index not in seen:
+            reason = diagnose(paths[index], config.max_image_pixels)
+            summary.skipped.append((Path(paths[index]), reason))
+            echo_err(f"skipped {paths[index]}: {reason}")
+    if metrics.samples == 0:
+        raise DatasetError(f"none of the {len(paths)} images could be read; see the reasons above")
+
+    ids = (records.ids[0], records.ids[-1])
+    if as_json:
+        from deepdanbooru.training.metrics import json_ready
+
+        echo(json.dumps(json_ready({
+            "model": str(files.model), "split": split, "start_id": start_id, "end_id": end_id,
+            "first_id": ids[0], "last_id": ids[1], "records": len(paths), "skipped": len(summary.skipped),
+            "metrics": summary.metrics}), allow_nan=False))
+        return summary
+    echo(f"Model: {files.model}")
+    echo(f"Records: {len(paths)} ({split} split, ids {ids[0]}..{ids[1]}), {len(summary.skipped)} unreadable skipped")
+    scalars = summary.metrics
+    names = [name for name in _LEAD if name in scalars] + [name for name in scalars if name not in _LEAD]
+    width_ = max(len(name) for name in names)
+    for name in names:
+        echo(f"{name:<{width_}}  {_format(scalars[name])}")
+    return summary

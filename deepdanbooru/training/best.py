@@ -1,0 +1,115 @@
+"""model-<model>.best.keras: the weights that scored best on validation so far.
+
+The best-so-far value lives in the checkpoint (BestState), next to the
+weights it was compared against, so a resumed run neither forgets it nor
+replaces a better model with a worse one. Validation runs before the
+checkpoint of its slice: a run killed after writing a new best but before
+the checkpoint redoes that slice, reaches the same weights and rewrites the
+same file.
+
+Files, each replaced atomically, in this order (best.json last, so when it
+names a step the model beside it is at least that new):
+    model-<model>.best.keras (+ .best.float32.keras under mixed precision)
+    model-<model>.best.thresholds.csv, model-<model>.best.metrics.json
+    model-<model>.best.json: {"metric", "value", "previous", counters..., "metrics": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.training.export import export_model
+from deepdanbooru.training.metrics import is_improvement, json_ready
+from deepdanbooru.training.monitors import Monitor, ValidationReport
+from deepdanbooru.training.validation import report_fields, write_sidecars
+
+
+@dataclass(frozen=True)
+class BestValue:
+    metric: str
+    value: float
+    used_minibatch: int
+
+
+class BestState(tf.Module):
+    """Checkpointed: which metric, its best value, and the step it was reached at (-1: none yet)."""
+
+    def __init__(self):
+        super().__init__(name="best_model")
+        self.metric = tf.Variable("", dtype=tf.string, trainable=False, name="metric")
+        self.value = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="value")
+        self.used_minibatch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="used_minibatch")
+
+    def get(self) -> BestValue | None:
+        step = int(self.used_minibatch.numpy())
+        if step < 0:
+            return None
+        return BestValue(self.metric.numpy().decode("utf-8"), float(self.value.numpy()), step)
+
+    def set(self, best: BestValue) -> None:
+        self.metric.assign(best.metric)
+        self.value.assign(best.value)
+        self.used_minibatch.assign(best.used_minibatch)
+
+
+def best_json_path(best_export: Path) -> Path:
+    return best_export.with_name(best_export.stem + ".json")
+
+
+class BestModelMonitor(Monitor):
+    """Saves the model whenever `metric` improves on the best validation so far (loss: lower is better)."""
+
+    def __init__(self, path, metric: str, tags, mixed_precision: bool = False, echo=print):
+        self.path = Path(path)
+        self.metric = metric
+        self.tags = list(tags)
+        self.float32_copy = self.path.with_name(self.path.stem + ".float32.keras") if mixed_precision else None
+        self.echo = echo
+        self.state = BestState()
+        self.model = None
+        self.best: BestValue | None = None
+
+    def checkpoint_objects(self):
+        return {"best_model": self.state}
+
+    def on_train_begin(self, run):
+        self.model = run.extras.get("model")
+        saved = self.state.get()
+        if saved is None:
+            return
+        if saved.metric != self.metric:
+            self.echo(f"notice: best_model_metric changed from {saved.metric} to {self.metric}; "
+                      f"{self.path.name} will be replaced at the next validation")
+            return
+        self.best = saved
+        if run.validation_records:
+            self.echo(f"Best so far: {saved.metric} {saved.value:.4f} at step {saved.used_minibatch} ({self.path.name})")
+
+    def on_validation(self, report: ValidationReport, logs):
+        value = report.result.get(self.metric)
+        if not is_improvement(self.metric, value, None if self.best is None else self.best.value):
+            return
+        previous = self.best
+        best = BestValue(self.metric, float(value), report.progress.used_minibatch)
+        self._write(report, best, previous)
+        self.best = best
+        self.state.set(best)
+        logs["best"] = {"metric": self.metric, "value": best.value,
+                        "previous": None if previous is None else previous.value, "path": str(self.path)}
+
+    def _write(self, report: ValidationReport, best: BestValue, previous: BestValue | None) -> None:
+        if self.model is None:
+            raise RuntimeError("BestModelMonitor.on_validation before on_train_begin")
+        export_model(self.model, self.path, float32_copy=self.float32_copy)
+        extra = {"best_model_metric": best.metric, "value": best.value,
+                 "previous": None if previous is None else previous.value}
+        write_sidecars(self.path, self.tags, report, extra)
+        payload = {"model": self.path.name, "metric": best.metric, "value": best.value,
+                   "previous": extra["previous"], **report_fields(report), "metrics": report.metrics}
+        write_text_atomic(best_json_path(self.path), json.dumps(json_ready(payload), indent=2, allow_nan=False) + "\n")
+

@@ -1,0 +1,127 @@
+"""logs/history.jsonl: one JSON object per console line ("train") and per validation ("validation").
+
+Every object carries the counters used_epoch, used_minibatch, used_sample,
+offset and random_seed of the weights it describes, and "time" (Unix
+seconds). Objects appear in step order; a validation follows the train line
+of the same step.
+
+Resume-aware: lines past the checkpoint a run starts from were written by a
+run that died before saving them, and the resumed run trains those steps
+again. On start every line with used_minibatch above the restored counter
+is dropped (the file is rewritten atomically), and only steps above it are
+written, so the file never holds a step twice or out of order. A torn last
+line (a kill mid-write) is dropped too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.training.metrics import json_ready
+from deepdanbooru.training.monitors import Monitor, Progress
+
+COUNTERS = ("used_epoch", "used_minibatch", "used_sample", "offset", "random_seed")
+
+
+def counters(progress: Progress) -> dict:
+    return {name: getattr(progress, name) for name in COUNTERS}
+
+
+def restored_step(run) -> int:
+    """used_minibatch of the checkpoint a run starts from (0 for a fresh run)."""
+    return run.start.used_minibatch if run.resumed_from else 0
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = record.get("used_minibatch") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def truncate_history(path, after_step: int) -> int:
+    """Keep only the complete lines with used_minibatch <= after_step; return how many were dropped."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return 0
+    except UnicodeDecodeError:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        step = _step_of(line) if line.endswith("\n") else None
+        if step is not None and step <= after_step:
+            kept.append(line)
+    dropped = len(lines) - len(kept)
+    if dropped:
+        write_text_atomic(path, "".join(kept))
+    return dropped
+
+
+def read_history(path) -> list[dict]:
+    """Every object in the file, in order (for tests and tools)."""
+    with open(path, encoding="utf-8") as stream:
+        return [json.loads(line) for line in stream if line.strip()]
+
+
+def _finite_or_none(value):
+    return value if value is None or math.isfinite(value) else None
+
+
+class HistoryMonitor(Monitor):
+    def __init__(self, path, echo=print):
+        self.path = Path(path)
+        self.echo = echo
+        self.after = 0
+        self._stream = None
+        self._learning_rate = None
+
+    def on_train_begin(self, run):
+        self.after = restored_step(run)
+        dropped = truncate_history(self.path, self.after)
+        if dropped:
+            origin = f"the checkpoint at step {self.after}" if run.resumed_from else "a fresh start (no checkpoint)"
+            self.echo(f"notice: {self.path}: dropped {dropped} line(s) written after {origin} by an earlier run")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._stream = open(self.path, "a", encoding="utf-8")
+
+    def _write(self, record: dict) -> None:
+        if self._stream is None or record["used_minibatch"] <= self.after:
+            return
+        self._stream.write(json.dumps(json_ready(record), allow_nan=False) + "\n")
+        # Flushed per line, so a reader (tail -f, a notebook) sees it at once.
+        self._stream.flush()
+
+    def on_step_log(self, log):
+        self._write({"kind": "train", "time": round(time.time(), 3), **counters(log.progress),
+                     "loss": _finite_or_none(log.loss), "precision": log.precision, "recall": log.recall,
+                     "f1": log.f1, "learning_rate": log.learning_rate,
+                     "samples_per_second": log.samples_per_second, "progress": log.fraction})
+
+    def on_validation(self, report, logs):
+        self._write({"kind": "validation", "time": round(time.time(), 3), **counters(report.progress),
+                     "trigger": report.trigger, "validation_records": report.records,
+                     "skipped_images": report.skipped, "seconds": round(report.seconds, 3),
+                     "new_best": bool(logs.get("best")), **report.metrics})
+
+    def before_checkpoint(self, progress, logs):
+        if self._stream is not None:
+            self._stream.flush()
+            os.fsync(self._stream.fileno())
+
+    def on_train_end(self, progress):
+        self.before_checkpoint(progress, {})
+
+    def close(self):
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None

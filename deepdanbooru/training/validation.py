@@ -1,0 +1,139 @@
+"""Validation: held-out records through the inference pipeline into the streaming metrics.
+
+The same scorer serves the trainer's validation and `evaluate-project
+--metrics`, so a figure printed during training and one measured later on an
+export are the same computation: inference preprocessing (no augmentation),
+the project's loss per image, ValidationMetrics at the working threshold.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from deepdanbooru.errors import TrainingError, file_field
+from deepdanbooru.models import make_loss
+from deepdanbooru.pipeline import BadImageTracker, inference_dataset
+from deepdanbooru.training.metrics import ValidationMetrics, write_metrics_json, write_thresholds_csv
+from deepdanbooru.training.monitors import Progress, ValidationReport
+
+
+class BatchScorer:
+    """(images, labels) -> (float32 scores, summed per-image loss); one trace serves every batch size."""
+
+    def __init__(self, model, loss_name: str, height: int, width: int):
+        self.model = model
+        self.n_tags = int(model.output_shape[-1])
+        self._loss = make_loss(loss_name, reduction="none")
+        self._call = tf.function(self._score, input_signature=[
+            tf.TensorSpec([None, height, width, 3], tf.float32),
+            tf.TensorSpec([None, self.n_tags], tf.float32),
+        ])
+
+    def _score(self, images, labels):
+        # The output layer is float32 under mixed precision too; the cast only guards foreign models.
+        scores = tf.cast(self.model(images, training=False), tf.float32)
+        return scores, tf.reduce_sum(tf.cast(self._loss(labels, scores), tf.float64))
+
+    def __call__(self, images, labels) -> tuple[np.ndarray, float]:
+        scores, loss_sum = self._call(images, labels)
+        return scores.numpy(), float(loss_sum.numpy())
+
+
+def measure(scorer: BatchScorer, dataset, threshold: float, observe=None) -> ValidationMetrics:
+    """Feed every labelled batch of `dataset` to a fresh ValidationMetrics; observe(positions) per batch."""
+    metrics = ValidationMetrics(scorer.n_tags, threshold=threshold)
+    for batch in dataset:
+        labels = batch["label"]
+        scores, loss_sum = scorer(batch["image"], labels)
+        metrics.update(scores, labels.numpy(), loss_sum)
+        if observe is not None:
+            observe(batch["position"].numpy())
+    return metrics
+
+
+class Validator:
+    """The trainer's validation split, ready to be measured with the current weights at any moment."""
+
+    def __init__(self, model, records, tags, config, bad_image_log):
+        self.config = config
+        self.paths = records.paths()
+        self.records = len(self.paths)
+        self.bad_image_log = Path(bad_image_log)
+        self.dataset = inference_dataset(
+            self.paths, height=config.image_height, width=config.image_width, batch_size=config.minibatch_size,
+            max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags))
+        self.scorer = BatchScorer(model, config.loss, config.image_height, config.image_width)
+        self.latest: ValidationReport | None = None
+        self._logged_bad = False
+
+    def for_step(self, used_minibatch: int) -> ValidationReport | None:
+        """The latest report if it was taken with the weights after step `used_minibatch`."""
+        if self.latest is not None and self.latest.progress.used_minibatch == used_minibatch:
+            return self.latest
+        return None
+
+    def run(self, progress: Progress, trigger: str) -> ValidationReport:
+        started = time.monotonic()
+        seen: list[np.ndarray] = []
+        try:
+            metrics = measure(self.scorer, self.dataset, self.config.validation_threshold, seen.append)
+        except ValueError as error:
+            # ValidationMetrics refuses NaN / out-of-range scores: the weights went bad without the loss showing it.
+            raise TrainingError(file_field(
+                self.config.config_path, "learning_rate",
+                f"validation at step {progress.used_minibatch}: {error}; the weights are no longer finite. Lower "
+                "the learning rate or set gradient_clip_norm, then run train-project again")) from None
+        skipped = self.records - metrics.samples
+        if skipped and not self._logged_bad:
+            # Once per process: every later pass meets the same files.
+            tracker = BadImageTracker(self.bad_image_log, self.paths, max_image_pixels=self.config.max_image_pixels,
+                                      context="validation")
+            for positions in seen:
+                tracker.observe(positions)
+            tracker.finish(0, self.records)
+            self._logged_bad = True
+        if metrics.samples == 0:
+            raise TrainingError(file_field(
+                self.bad_image_log, None,
+                f"none of the {self.records} validation images could be read (they are listed in this file)"))
+        self.latest = ValidationReport(progress=progress, trigger=trigger, result=metrics.result(),
+                                       records=self.records, skipped=skipped, seconds=time.monotonic() - started)
+        return self.latest
+
+
+def sidecar_paths(export_path) -> tuple[Path, Path]:
+    """model-x.e3.keras -> (model-x.e3.thresholds.csv, model-x.e3.metrics.json)."""
+    export_path = Path(export_path)
+    return (export_path.with_name(export_path.stem + ".thresholds.csv"),
+            export_path.with_name(export_path.stem + ".metrics.json"))
+
+
+def report_fields(report: ValidationReport) -> dict:
+    """Where the figures come from: counters of the weights measured, and the split."""
+    p = report.progress
+    return {
+        "trigger": report.trigger,
+        "used_epoch": p.used_epoch,
+        "used_minibatch": p.used_minibatch,
+        "used_sample": p.used_sample,
+        "offset": p.offset,
+        "random_seed": p.random_seed,
+        # The last slice of an epoch is validated before used_epoch moves on; count it as completed.
+        "epochs_completed": p.used_epoch + (1 if p.train_records and p.offset >= p.train_records else 0),
+        "validation_records": report.records,
+        "skipped_images": report.skipped,
+        "seconds": round(report.seconds, 3),
+    }
+
+
+def write_sidecars(export_path, tags, report: ValidationReport, extra: dict | None = None) -> list[Path]:
+    """`<stem>.thresholds.csv` and `<stem>.metrics.json` beside an export, each written atomically."""
+    thresholds, metrics = sidecar_paths(export_path)
+    write_thresholds_csv(thresholds, tags, report.result)
+    write_metrics_json(metrics, report.result, {"model": Path(export_path).name, **report_fields(report),
+                                                **(extra or {})})
+    return [thresholds, metrics]

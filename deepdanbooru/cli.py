@@ -71,11 +71,18 @@ def create_project(project_path, force):
 @click.option("--force-mixed-precision", is_flag=True,
               help="With mixed_precision true, train in float16 even without a GPU (very slow on CPUs; "
                    "also DEEPDANBOORU_FORCE_MIXED_PRECISION=1).")
-def train_project(project_path, source_model, force_mixed_precision):
-    """Train PROJECT_PATH, resuming from its latest checkpoint if there is one."""
+@click.option("--devices", default="all", show_default=True, metavar="all|cpu|0,1,...",
+              help="Local devices to train on: every visible GPU (mirrored when more than one), the CPU only, "
+                   "or these GPU indices. With TF_CONFIG set, this host's part of a multi-worker cluster.")
+def train_project(project_path, source_model, force_mixed_precision, devices):
+    """Train PROJECT_PATH, resuming from its latest checkpoint if there is one.
+
+    Several GPUs and several hosts: see docs/distributed.md (minibatch_size is the global batch).
+    """
     from deepdanbooru.training.train import train_project as train
 
-    train(project_path, source_model=source_model, force_mixed_precision=force_mixed_precision, echo=click.echo)
+    train(project_path, source_model=source_model, force_mixed_precision=force_mixed_precision, echo=click.echo,
+          devices=devices)
 
 
 @main.command("preflight")
@@ -354,7 +361,7 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
     misplaced = [f"--{name.replace('_', '-')}" if name != "as_json" else "--json"
                  for name in _METRICS_ONLY if given(name)]
     if misplaced:
-        raise click.UsageError(f"{', '.join(misplaced)} only apply with --metrics")
+        raise click.UsageError(f"{', '.join(misplaced)} can only be used with --metrics")
     if target is None:
         raise click.UsageError("Missing argument 'TARGET' (or pass --metrics to measure the model instead)")
     from deepdanbooru.inference.evaluate import evaluate as run_evaluate

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 from test_monitors import read_scalars
-from train_helpers import make_project, run_cli, set_config, train_command, cli_env
+from train_helpers import cli_env, make_project, run_cli, train_command
 
 from deepdanbooru.cli import main
 from deepdanbooru.training.history import read_history
@@ -147,7 +147,7 @@ def test_interrupted_runs_leave_the_same_history_tensorboard_and_best_model(vali
             assert resumed[tag] == expected[tag], tag
     best, expected = (json.loads((p / f"{MODEL}.best.json").read_text()) for p in (project, reference))
     assert without_clock([best]) == without_clock([expected])
-    assert lines[-1] == [line for line in validated[1]][-1]  # the same final validation line
+    assert lines[-1] == validated[1][-1]  # the same final validation line
 
 
 def test_validation_records_are_never_trained_on(tmp_path, sample_dataset):
@@ -198,7 +198,7 @@ def test_evaluate_project_metrics_match_the_exports(validated):
 @pytest.mark.parametrize("arguments, message", [
     (["--metrics", "image.jpg"], "TARGET is not used with --metrics"),
     ([], "Missing argument 'TARGET'"),
-    (["image.jpg", "--json"], "--json only apply with --metrics"),
+    (["image.jpg", "--json"], "--json can only be used with --metrics"),
     (["--metrics", "--start-id", "9", "--end-id", "3"], "--start-id 9 is greater than --end-id 3"),
     (["--metrics", "--split", "all", "--start-id", "1000"], "posts: no record in the eligible posts with 1000 <= id"),
     (["--metrics", "--model", "missing.keras"], "missing.keras: model file not found"),
@@ -242,4 +242,3 @@ def test_sigkilled_runs_end_with_the_reference_history(validated, tmp_path, samp
         for tag in set(expected) - CLOCK:
             assert resumed[tag] == expected[tag], tag
     assert final.stdout.strip().splitlines()[-1].startswith("Final validation (step 10, 4 records): micro-F1 ")
-    set_config(project, epoch_count=2)  # unchanged: a rerun only rewrites exports and their metric files

@@ -86,8 +86,8 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     """Measure a model (default: the project's final export) on the project's records; print the metrics."""
     config = load_config(project_path)
     tags = load_tags(config.project_dir / "tags.txt")
-    files = resolve_model_files(project_path, model_path)
     records = select_records(config, split, start_id, end_id)
+    files = resolve_model_files(project_path, model_path)
     threshold = config.validation_threshold if threshold is None else float(threshold)
     if not 0.0 <= threshold <= 1.0:
         raise UserError(f"--threshold: must be in [0, 1], got {threshold}")

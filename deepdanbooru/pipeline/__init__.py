@@ -7,9 +7,10 @@ Datasets
 --------
 training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
                  seed, random_seed, start_position, batch_size, max_image_pixels,
-                 num_parallel_calls=tf.data.AUTOTUNE) -> tf.data.Dataset
+                 num_parallel_calls=tf.data.AUTOTUNE, positions=None) -> tf.data.Dataset
     paths / tag_strings: the records of ONE slice, already in epoch order;
-    element i has epoch position start_position + i, and its augmentation is
+    element i has epoch position start_position + i (or positions[i] when
+    given: a worker's shard under multi-worker training), and its augmentation is
     a pure function of (seed, random_seed, start_position + i), whatever the
     process or the parallelism. Ranges are (low, high) or None/[] (disabled),
     as in ProjectConfig. Yields dicts

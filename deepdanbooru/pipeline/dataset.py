@@ -97,10 +97,17 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
 
 def training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
                      seed, random_seed, start_position, batch_size, max_image_pixels,
-                     num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True):
-    """Augmented, labelled batches of one slice; see the package docstring."""
+                     num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True, positions=None):
+    """Augmented, labelled batches of one slice; see the package docstring.
+
+    `positions`: the epoch position of each record when they are not consecutive from start_position (a
+    worker's shard of a slice under multi-worker training).
+    """
     augmentation = Augmentation(rotation_range, scale_range, shift_range)
-    positions = np.arange(start_position, start_position + len(paths), dtype=np.int64)
+    if positions is None:
+        positions = np.arange(start_position, start_position + len(paths), dtype=np.int64)
+    elif len(positions) != len(paths):
+        raise ValueError(f"{len(paths)} paths but {len(positions)} positions")
     records = _records(paths, positions, tag_strings)
     return _build(
         records, output_size=(height, width), augmentation=augmentation,

@@ -13,6 +13,7 @@ from pathlib import Path
 import keras
 
 from deepdanbooru.training.precision import with_policy
+from deepdanbooru.training.strategy import portable_batch_norm
 
 _PARTIAL = ".partial-"
 
@@ -48,9 +49,10 @@ def save_atomic(model: keras.Model, path) -> Path:
 
 def export_model(model: keras.Model, path, float32_copy: Path | None = None) -> list[Path]:
     """Write `path` and, when asked, a float32 rebuild of the model beside it. Returns what was written."""
-    written = [save_atomic(model, path)]
-    if float32_copy is not None:
-        written.append(save_atomic(with_policy(model, "float32"), float32_copy))
+    with portable_batch_norm(model):
+        written = [save_atomic(model, path)]
+        if float32_copy is not None:
+            written.append(save_atomic(with_policy(model, "float32"), float32_copy))
     return written
 
 

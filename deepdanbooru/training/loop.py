@@ -29,7 +29,7 @@ import tensorflow as tf
 from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
 from deepdanbooru.project.tags import tags_hash
-from deepdanbooru.training import data
+from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.export import export_model
 from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport
 from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
@@ -41,8 +41,14 @@ from deepdanbooru.training.state import (
     read_checkpoint_state,
     write_state_json,
 )
+from deepdanbooru.training.sharding import WorkerSums, check_same_setup, distribute_slice, setup_fingerprints
 from deepdanbooru.training.step import TrainStep, build_optimizer
-from deepdanbooru.training.strategy import choose_strategy
+from deepdanbooru.training.strategy import (
+    check_global_batch,
+    choose_strategy,
+    describe_strategy,
+    synchronize_batch_norm,
+)
 from deepdanbooru.training.validation import Validator, write_sidecars
 
 KEEP_CHECKPOINTS = 3
@@ -117,9 +123,13 @@ class SliceTrainer:
         self.slice_records = self.config.checkpoint_frequency_mb * self.config.minibatch_size
         self.train_paths = self.train.paths()
 
+        self.role = plan.role
+        # First of all: collectives and logical devices cannot be configured once TensorFlow's runtime runs.
+        self.strategy = choose_strategy(plan.devices, self.role)
+        check_global_batch(self.strategy, self.config.minibatch_size, self.config.config_path)
+        echo(describe_strategy(self.strategy, self.role, self.config.minibatch_size))
         _enable_determinism(self.config.seed)
         self.policy = choose_policy(self.config.mixed_precision, plan.force_mixed_precision, echo)
-        self.strategy = choose_strategy()
         self.identity = RunIdentity(self.config.model, self.config.image_height, self.config.image_width,
                                     tags_hash(plan.tags), len(plan.tags))
         self.records_hash = _records_hash(self.train)
@@ -138,20 +148,27 @@ class SliceTrainer:
                 self.policy == MIXED)
             # Built before any restore, so every slot exists and the restore fills it in place.
             self.optimizer.build(self.model.trainable_variables)
+        synchronize_batch_norm(self.model, self.strategy)
         self.state = ResumeState()
         self._core = dict(model=self.model, optimizer=inner, state=self.state,
                           loss_scale=LossScaleState(self.optimizer))
         self.checkpoint = tf.train.Checkpoint(**self._core, monitors=_monitor_state(self.monitors))
-        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.paths.checkpoints),
-                                                  max_to_keep=KEEP_CHECKPOINTS, checkpoint_name="ckpt")
+        # Only the chief writes checkpoints; a worker's manager only counts them.
+        self.manager = checkpoint_manager(self.checkpoint, self.paths.checkpoints, self.role, self.latest,
+                                          self.model.variables + self.optimizer.variables, KEEP_CHECKPOINTS)
         self.counters = self._restore()
+        self.sums = WorkerSums(self.strategy) if self.role.in_cluster else None
+        if self.sums is not None:
+            check_same_setup(self.sums, self.role, setup_fingerprints(
+                self.config, self.identity, self.records_hash, self.counters, self.latest))
         # used_sample at the start of this process; the step's counter adds what this process trains.
         self._base_samples = self.counters.used_sample
         self.step = TrainStep(self.strategy, self.model, self.optimizer, self.config.loss,
                               loss_scaled=self.policy == MIXED)
         self.step.counters.step.assign(self.counters.used_minibatch)
+        # Validation writes reports and exports: the chief's job in a cluster.
         self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
-            if len(plan.validation) else None
+            if len(plan.validation) and self.role.is_chief else None
         self._last_log = time.monotonic()
         self._run_start = (time.monotonic(), self._done_records())
 
@@ -219,10 +236,10 @@ class SliceTrainer:
         c = self.counters
         start = c.offset
         stop = min(start + self.slice_records, self.n)
-        slice_data = data.slice_dataset(self.config, self.plan.tags, self.train_paths, self.train.tag_strings,
-                                        order, start=start, stop=stop, random_seed=c.random_seed,
-                                        epoch=c.used_epoch + 1, bad_image_log=self.paths.bad_images)
-        distributed = self.strategy.experimental_distribute_dataset(slice_data.dataset)
+        slice_data, distributed = distribute_slice(
+            self.strategy, self.role, self.sums, self.config, self.plan.tags, self.train_paths,
+            self.train.tag_strings, order, start=start, stop=stop, random_seed=c.random_seed,
+            epoch=c.used_epoch + 1, bad_image_log=self.paths.bad_images)
         self.step.bind(distributed.element_spec)
         steps = 0
         for batch in distributed:
@@ -303,10 +320,14 @@ class SliceTrainer:
         return path
 
     def _write_mirror(self, checkpoint: str, complete: bool) -> None:
+        if not self.role.is_chief:
+            return
         write_state_json(self.paths.checkpoints, checkpoint, self.counters, self.identity, complete=complete,
                          epoch_count=self.config.epoch_count, train_records=self.n)
 
     def _export(self, path: Path, kind: str) -> None:
+        if not self.role.is_chief:
+            return  # exports read the mirrored weights without collectives: the chief alone writes them
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
         written = export_model(self.model, path, float32_copy=copy)
         if self.validator is not None:

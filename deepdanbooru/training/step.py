@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from deepdanbooru.models import make_loss
+from deepdanbooru.training.strategy import sum_across_replicas, take_over_gradient_reduction
 
 THRESHOLD = 0.5  # the console's precision / recall / F1 are at this score
 
@@ -53,13 +54,16 @@ class Counters:
 class TrainStep:
     """`TrainStep(...)(distributed_batch)` runs one optimisation step on every replica."""
 
-    def __init__(self, strategy, model, optimizer, loss_name: str, loss_scaled: bool):
+    def __init__(self, strategy, model, optimizer, loss_name: str, loss_scaled: bool, count_metrics: bool = True):
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
         self.loss_scaled = loss_scaled
+        # False only to measure what the counts cost (bench/metrics_overhead.py): precision etc. then read 0.
+        self.count_metrics = count_metrics
         # Per-example values, so the average can be taken over the real (maybe partial) global batch.
         self.loss = make_loss(loss_name, reduction="none")
+        take_over_gradient_reduction(optimizer, strategy)
         with strategy.scope():
             self.counters = Counters()
         self._function = None
@@ -85,14 +89,19 @@ class TrainStep:
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
             scaled = self.optimizer.scale_loss(loss) if self.loss_scaled else loss
-        gradients = tape.gradient(scaled, variables)
+        # Summed here, not inside the optimizer, so clipping and the overflow check see the global gradient.
+        gradients = sum_across_replicas(tape.gradient(scaled, variables))
         # The loss-scale optimizer unscales and skips steps whose gradients overflowed.
         self.optimizer.apply_gradients(zip(gradients, variables))
 
+        loss_sum = tf.reduce_sum(tf.cast(per_example, tf.float64))
+        if not self.count_metrics:
+            zero = tf.constant(0.0, tf.float64)
+            return loss_sum, tf.cast(local, tf.float64), zero, zero, zero
         predicted = tf.cast(scores >= THRESHOLD, tf.float64)
         truth = tf.cast(labels, tf.float64)
         return (
-            tf.reduce_sum(tf.cast(per_example, tf.float64)),
+            loss_sum,
             tf.cast(local, tf.float64),
             tf.reduce_sum(predicted * truth),
             tf.reduce_sum(predicted * (1.0 - truth)),

@@ -6,6 +6,7 @@ imported, so a typo in project.json is reported in a fraction of a second.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from deepdanbooru.models.table import check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
+from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices
 from deepdanbooru.training.lock import TrainingLock
 
 
@@ -30,11 +32,16 @@ class TrainingPlan:
     validation: Records
     source_model: Path | None = None
     force_mixed_precision: bool = False
+    devices: DeviceChoice = DeviceChoice()
+    role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
 
 
-def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False) -> TrainingPlan:
+def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
+                  devices: str | None = None) -> TrainingPlan:
     from deepdanbooru.training.split import split_records
 
+    role = cluster_role()
+    device_choice = parse_devices(devices)
     paths = ProjectPaths(project_dir)
     config = load_config(paths.root)
     tags = load_tags(paths.tags)
@@ -56,11 +63,12 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
-    return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision)
+    return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision, device_choice,
+                        role)
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
-    """The monitors of a normal run, in call order.
+    """The monitors of a normal run, in call order (a worker that is not the chief only prints).
 
     The best-model saver comes before the writers and the console so its note
     ("new best") reaches them in the same validation's logs. It is there even
@@ -73,6 +81,8 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
     from deepdanbooru.training.tensorboard import TensorBoardMonitor
 
     bar, console = default_monitors(echo, stream)
+    if not plan.role.is_chief:
+        return [bar, console]
     config = plan.config
     best = BestModelMonitor(plan.paths.best_export(config.model), config.best_model_metric, plan.tags,
                             mixed_precision=config.mixed_precision, echo=echo)
@@ -80,18 +90,28 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
-                  monitors=None):
-    """Train (or resume) the project; returns the final counters (training.state.Counters)."""
-    plan = plan_training(project_dir, source_model, force_mixed_precision)
-    with TrainingLock(plan.paths.lock, echo):
+                  monitors=None, devices: str | None = None):
+    """Train (or resume) the project; returns the final counters (training.state.Counters).
+
+    devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
+    """
+    plan = plan_training(project_dir, source_model, force_mixed_precision, devices)
+    # In a cluster only the chief locks and writes; the workers read the project and compute.
+    with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():
         # TensorFlow's C++ log would interleave our console with noise (a cuInit failure on every CPU-only
         # machine, a tf.data rewrite note per slice under op determinism); real failures still arrive as
         # Python exceptions. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         from deepdanbooru.training.export import remove_partial_exports
         from deepdanbooru.training.loop import train
+        from deepdanbooru.training.strategy import choose_strategy, cluster_failures
 
-        # Holding the lock, any partial export left here belongs to a dead run.
-        remove_partial_exports(plan.paths.root)
-        plan.paths.logs.mkdir(parents=True, exist_ok=True)
-        return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)
+        if plan.role.is_chief:
+            # Holding the lock, any partial export left here belongs to a dead run.
+            remove_partial_exports(plan.paths.root)
+            plan.paths.logs.mkdir(parents=True, exist_ok=True)
+        with cluster_failures(plan.role, plan.paths.checkpoints):
+            # Before the monitors create their variables: that starts TensorFlow's runtime, after which
+            # collectives and logical devices can no longer be configured.
+            choose_strategy(plan.devices, plan.role)
+            return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)

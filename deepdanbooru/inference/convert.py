@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from deepdanbooru.errors import ModelError, UserError, file_field
-from deepdanbooru.inference.atomic import write_bytes_atomic
+from deepdanbooru.project.create import write_bytes_atomic
 
 FORMATS = ("tflite", "onnx")
 # Float conversions reorder a few float32 operations: differences of ~1e-6 were measured.

@@ -11,14 +11,22 @@ rotating each round) so drift in the machine's load hits all three alike:
 - counts: the trainer's step: tp / fp / fn at 0.5 accumulated in-graph, read on the host only at console lines;
 - sync:   the same step plus a host read of the loss after every step (what a per-step Python metric costs).
 
+The three-way comparison is only as good as the machine is quiet; the cost
+of the counting ops themselves is also timed in isolation (the step's own
+threshold_counts on a [batch, tags] score matrix, 200 calls) and reported as a
+share of the step.
+
 Also: validation throughput (training.validation.BatchScorer plus
 ValidationMetrics.update on the host, i.e. everything after decoding) against
 the training step's.
 
-Reported: the fastest block's seconds per step of each (on a shared machine
-other processes only ever add time, so the minimum is the least disturbed
-figure); ratios counts/none and sync/none (1.0 = free); validation samples/s
-over training samples/s. Last line: JSON.
+Reported per variant, from the least disturbed block (the minimum: other
+processes on a shared machine only ever add time): wall seconds per step and
+CPU seconds per step (time.process_time: all threads of this process, so
+other processes' load does not count). Ratios counts/none and sync/none
+(1.0 = free) of both, and validation samples/s over training samples/s (CPU).
+On a CPU the step runs synchronously, so `sync` can only show its cost in
+wall time on an accelerator. Last line: JSON.
 """
 
 from __future__ import annotations
@@ -78,40 +86,57 @@ def measure_tags(args, n_tags: int) -> dict:
             step(next(iterator))
         step.counters.read_window()
 
-    timings = {name: [] for name in variants}
+    wall = {name: [] for name in variants}
+    cpu = {name: [] for name in variants}
     names = list(variants)
     for round_ in range(args.rounds):
         for name in names[round_ % 3:] + names[:round_ % 3]:
             step = variants[name][1]
-            begin = time.perf_counter()
+            begin, begin_cpu = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 step(next(iterator))
                 if name == "sync":
                     float(step.counters.loss_sum.numpy())
             step.counters.read_window()  # waits for the last step
-            timings[name].append((time.perf_counter() - begin) / args.steps)
+            wall[name].append((time.perf_counter() - begin) / args.steps)
+            cpu[name].append((time.process_time() - begin_cpu) / args.steps)
 
     model = variants["counts"][0]
     scorer = BatchScorer(model, "binary_crossentropy", args.size, args.size)
     images, labels = tf.constant(element["image"]), tf.constant(element["label"])
     scorer(images, labels)
-    validation = []
     for _ in range(args.rounds):
         metrics = ValidationMetrics(n_tags)
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.process_time()
         for _ in range(args.steps):
             scores, loss_sum = scorer(images, labels)
             metrics.update(scores, element["label"], loss_sum)
-        validation.append((time.perf_counter() - begin) / args.steps)
+        wall.setdefault("validation", []).append((time.perf_counter() - begin) / args.steps)
+        cpu.setdefault("validation", []).append((time.process_time() - begin_cpu) / args.steps)
 
-    seconds = {name: min(values) for name, values in timings.items()}
-    seconds["validation"] = min(validation)
+    from deepdanbooru.training.step import threshold_counts
+
+    counting = tf.function(threshold_counts)
+    scores = tf.random.stateless_uniform((args.batch, n_tags), seed=[0, 1])
+    float(counting(scores, labels)[0])
+    calls = 200
+    begin = time.perf_counter()
+    for _ in range(calls):
+        result = counting(scores, labels)
+    float(result[0])
+    counts_op = (time.perf_counter() - begin) / calls
+
+    wall = {name: min(values) for name, values in wall.items()}
+    cpu = {name: min(values) for name, values in cpu.items()}
     return {
         "tags": n_tags,
-        "seconds_per_step": seconds,
-        "counts_over_none": seconds["counts"] / seconds["none"],
-        "sync_over_none": seconds["sync"] / seconds["none"],
-        "validation_over_training_samples_per_second": seconds["counts"] / seconds["validation"],
+        "wall_seconds_per_step": wall,
+        "cpu_seconds_per_step": cpu,
+        "counts_over_none": {"wall": wall["counts"] / wall["none"], "cpu": cpu["counts"] / cpu["none"]},
+        "sync_over_none": {"wall": wall["sync"] / wall["none"], "cpu": cpu["sync"] / cpu["none"]},
+        "validation_over_training_samples_per_second": cpu["counts"] / cpu["validation"],
+        "counting_ops_seconds": counts_op,
+        "counting_ops_share_of_step": counts_op / wall["none"],
     }
 
 
@@ -131,13 +156,17 @@ def main() -> None:
     results = [measure_tags(args, int(n)) for n in args.tags.split(",")]
     print(f"{args.model} {args.size}x{args.size}, batch {args.batch}, {device}; fastest of {args.rounds} blocks "
           f"of {args.steps} steps")
-    print(f"{'tags':>6} {'none s/step':>12} {'counts':>8} {'sync':>8} {'counts/none':>12} {'sync/none':>10} "
-          f"{'validation/training samples/s':>30}")
+    print(f"{'tags':>6} {'clock':>5} {'none s/step':>12} {'counts':>8} {'sync':>8} {'counts/none':>12} "
+          f"{'sync/none':>10}")
     for r in results:
-        s = r["seconds_per_step"]
-        print(f"{r['tags']:>6} {s['none']:>12.4f} {s['counts']:>8.4f} {s['sync']:>8.4f} "
-              f"{r['counts_over_none']:>12.3f} {r['sync_over_none']:>10.3f} "
-              f"{r['validation_over_training_samples_per_second']:>30.2f}")
+        for clock in ("wall", "cpu"):
+            s = r[f"{clock}_seconds_per_step"]
+            print(f"{r['tags']:>6} {clock:>5} {s['none']:>12.4f} {s['counts']:>8.4f} {s['sync']:>8.4f} "
+                  f"{r['counts_over_none'][clock]:>12.3f} {r['sync_over_none'][clock]:>10.3f}")
+        print(f"{r['tags']:>6} counting ops alone: {1e6 * r['counting_ops_seconds']:.0f} us per step = "
+              f"{100 * r['counting_ops_share_of_step']:.3f}% of a step")
+        print(f"{r['tags']:>6} validation samples/s over training samples/s (cpu): "
+              f"{r['validation_over_training_samples_per_second']:.2f}")
     print(json.dumps({"model": args.model, "size": args.size, "batch": args.batch, "device": device,
                       "results": results}))
 

@@ -11,7 +11,7 @@ training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, sca
     paths / tag_strings: the records of ONE slice, already in epoch order;
     element i has epoch position start_position + i (or positions[i] when
     given: a worker's shard under multi-worker training), and its augmentation is
-    a pure function of (seed, random_seed, start_position + i), whatever the
+    a pure function of (seed, random_seed, its position), whatever the
     process or the parallelism. Ranges are (low, high) or None/[] (disabled),
     as in ProjectConfig. Yields dicts
         {"image": float32 [b, height, width, 3] in [0, 1],

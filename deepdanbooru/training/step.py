@@ -51,6 +51,17 @@ class Counters:
         return step if step >= 0 else None
 
 
+def threshold_counts(scores, labels):
+    """(true positives, false positives, false negatives) at THRESHOLD over a batch, as float64 scalars."""
+    predicted = tf.cast(scores >= THRESHOLD, tf.float64)
+    truth = tf.cast(labels, tf.float64)
+    return (
+        tf.reduce_sum(predicted * truth),
+        tf.reduce_sum(predicted * (1.0 - truth)),
+        tf.reduce_sum((1.0 - predicted) * truth),
+    )
+
+
 class TrainStep:
     """`TrainStep(...)(distributed_batch)` runs one optimisation step on every replica."""
 
@@ -98,15 +109,7 @@ class TrainStep:
         if not self.count_metrics:
             zero = tf.constant(0.0, tf.float64)
             return loss_sum, tf.cast(local, tf.float64), zero, zero, zero
-        predicted = tf.cast(scores >= THRESHOLD, tf.float64)
-        truth = tf.cast(labels, tf.float64)
-        return (
-            loss_sum,
-            tf.cast(local, tf.float64),
-            tf.reduce_sum(predicted * truth),
-            tf.reduce_sum(predicted * (1.0 - truth)),
-            tf.reduce_sum((1.0 - predicted) * truth),
-        )
+        return (loss_sum, tf.cast(local, tf.float64), *threshold_counts(scores, labels))
 
     def _step(self, batch):
         per_replica = self.strategy.run(self._replica_step, args=(batch["image"], batch["label"]))

@@ -90,7 +90,7 @@ def test_training_outputs_of_the_sample_are_ignored_by_git():
     generated = ["dataset/dataset.sqlite", "dataset/images/ab/abc.jpg", "dataset/tags.txt", "checkpoints/ckpt-1.index",
                  "checkpoints/state.json", "logs/history.jsonl", "logs/bad_images.txt", "model-resnet_small.keras",
                  "model-resnet_small.e5.keras", "model-resnet_small.best.keras", "model-resnet_small.thresholds.csv",
-                 "metrics.json", ".train.lock"]
+                 "model-resnet_small.metrics.json", ".train.lock"]
     paths = [f"sample-project/{name}" for name in (*generated, *SAMPLE_FILES)]
     result = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
     ignored = set(result.stdout.split())
@@ -162,3 +162,27 @@ def test_readme_first_command_prints_the_validation_f1(readme_run):
     _, runs = readme_run
     value = _validation_f1(runs[-1][1].stdout)
     assert value is not None and 0.0 <= value <= 1.0
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_relative_links_in_readme_and_docs_resolve():
+    documents = [ROOT / "README.md", SAMPLE / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for document in documents:
+        text = document.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                continue  # http:, https:, mailto: ...
+            path, _, anchor = target.partition("#")
+            linked = (document.parent / path).resolve() if path else document
+            if not linked.exists():
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), re.M)
+                if anchor not in {_anchor(heading) for heading in headings}:
+                    broken.append(f"{document.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)

@@ -105,7 +105,8 @@ def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports
 
 @main.command("make-sample-dataset")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
-@click.option("--count", default=200, show_default=True, type=click.IntRange(min=1), help="Number of posts.")
+@click.option("--count", default=6000, show_default=True, type=click.IntRange(min=1),
+              help="Number of posts (the default is what sample-project is tuned for).")
 @click.option("--size", default=64, show_default=True, type=click.IntRange(min=16), help="Image side in pixels.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Same seed, same files.")
 @click.option("--format", "image_format", default="jpg", show_default=True,

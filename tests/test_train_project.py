@@ -102,6 +102,7 @@ def test_export_opens_with_plain_keras_and_holds_no_optimizer(trained):
     assert shapes.startswith("(None, 32, 32, 3) (1, 17)")
 
 
+@pytest.mark.slow
 def test_fresh_run_reproducible_and_resume_at_an_epoch_boundary(trained, tmp_path, sample_dataset):
     """A fresh run repeats the reference bit for bit; stopping after epoch 1 and raising epoch_count
     continues exactly; running a finished project again trains nothing."""

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 from test_monitors import read_scalars
-from train_helpers import cli_env, make_project, run_cli, train_command
+from train_helpers import cli_env, make_project, run_cli, set_config, train_command
 
 from deepdanbooru.cli import main
 from deepdanbooru.training.history import read_history
@@ -148,6 +148,20 @@ def test_interrupted_runs_leave_the_same_history_tensorboard_and_best_model(vali
     best, expected = (json.loads((p / f"{MODEL}.best.json").read_text()) for p in (project, reference))
     assert without_clock([best]) == without_clock([expected])
     assert lines[-1] == validated[1][-1]  # the same final validation line
+
+
+def test_checkpoint_without_monitor_state_resumes_with_the_default_monitors(tmp_path, sample_dataset):
+    """A checkpoint saved with other monitors (or before the best-model state existed) still resumes."""
+    project = make_project(tmp_path / "p", *sample_dataset, **VALIDATED, epoch_count=1)
+    train_project(project, echo=lambda *_: None, monitors=[])
+    assert not (project / f"{MODEL}.best.keras").exists()
+    set_config(project, epoch_count=2)
+    lines = []
+    train_project(project, echo=lines.append)
+    assert any("used_epoch=0 used_minibatch=5" in line for line in lines)
+    assert not any(line.startswith("Best so far") for line in lines)  # nothing was restored for it
+    best = json.loads((project / f"{MODEL}.best.json").read_text())
+    assert best["used_minibatch"] >= 5 and best["previous"] in (None, *[r["macro_f1"] for r in validations(project)])
 
 
 def test_validation_records_are_never_trained_on(tmp_path, sample_dataset):

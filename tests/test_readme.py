@@ -82,6 +82,8 @@ def test_sample_project_uses_what_make_sample_dataset_writes():
     assert config.minimum_tag_count <= 5
     defaults = {param.name: param.default for param in make_sample_dataset_command.params}
     assert defaults["image_format"] in config.image_extensions
+    # Trained at the pictures' own size (docs/sample.md): no resampling loss.
+    assert defaults["size"] == config.image_width == config.image_height
 
 
 def test_training_outputs_of_the_sample_are_ignored_by_git():

@@ -39,6 +39,10 @@ class ClusterRole:
     workers: int = 1  # training tasks in the cluster: chief + workers
     address: str | None = None
     has_chief_task: bool = False  # the cluster names a "chief" (else worker 0 is the chief)
+    tasks: tuple[tuple[str, int, str], ...] = ()  # (type, index, address) of every task
+
+    def address_of(self, task_type: str, index: int) -> str | None:
+        return next((address for kind, i, address in self.tasks if (kind, i) == (task_type, index)), None)
 
     @property
     def in_cluster(self) -> bool:
@@ -102,7 +106,8 @@ def cluster_role(environ=None) -> ClusterRole:
     duplicates = sorted({address for address in addresses if addresses.count(address) > 1})
     if duplicates:
         raise _fail(f"address(es) {', '.join(duplicates)} appear more than once in \"cluster\"")
-    return ClusterRole(task["type"], index, len(addresses), hosts[index], "chief" in cluster)
+    tasks = tuple((kind, i, address) for kind in TRAINING_TASKS for i, address in enumerate(cluster.get(kind, [])))
+    return ClusterRole(task["type"], index, len(addresses), hosts[index], "chief" in cluster, tasks)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ def choose_policy(mixed_precision: bool, force: bool = False, echo=print) -> str
         return FLOAT32
     if force or forced_by_environment():
         return MIXED
-    if tf.config.list_physical_devices("GPU"):
+    # Visible, not physical: `--devices cpu` hides the GPUs (training.strategy).
+    if tf.config.get_visible_devices("GPU"):
         return MIXED
     echo("notice: mixed_precision is true but no GPU is visible; training in float32 (float16 on a CPU is "
          "about 100x slower). The .float32.keras copies are still written. To force float16 anyway, pass "

@@ -23,6 +23,7 @@ collective ops and logical devices cannot be configured afterwards.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import keras
 import tensorflow as tf
@@ -186,17 +187,32 @@ PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf
                  tf.errors.AbortedError)
 
 
+def _peers_named(message: str, role: ClusterRole) -> list[str]:
+    """The other tasks a TensorFlow error names (/job:worker/replica:0/task:1), with their TF_CONFIG addresses."""
+    names = []
+    for kind, index in re.findall(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", message):
+        if (kind, int(index)) == (role.task_type, role.task_index):
+            continue
+        name = f"{kind}:{index} ({role.address_of(kind, int(index)) or 'address unknown'})"
+        if name not in names:
+            names.append(name)
+    return names
+
+
 @contextlib.contextmanager
 def cluster_failures(role: ClusterRole, checkpoints):
-    """Turn a lost peer into one TrainingError line that says how to resume."""
+    """Turn a lost peer into one TrainingError line that says who and how to resume."""
     try:
         yield
     except PEER_FAILURES as error:
         if not role.in_cluster:
             raise
-        first = " ".join(str(getattr(error, "message", error)).split())[:300]
+        message = str(getattr(error, "message", error))
+        detail = " ".join(re.sub(r"\{\{[^}]*\}\}", "", message).split())[:300]
+        peers = _peers_named(message, role)
+        lost = f"lost contact with {', '.join(peers)}" if peers else "lost contact with another task"
         raise TrainingError(file_field(
             "TF_CONFIG", None,
-            f"{role.describe()}: lost contact with another task of the cluster, so the whole cluster stops "
-            f"({type(error).__name__}: {first}). Restart every task with the same TF_CONFIG; training resumes "
-            f"from the chief's latest checkpoint in {checkpoints}")) from None
+            f"{role.describe()}: {lost}, so the whole cluster stops ({type(error).__name__}: {detail}). "
+            f"Restart every task with the same TF_CONFIG; training resumes from the chief's latest checkpoint "
+            f"in {checkpoints}")) from None

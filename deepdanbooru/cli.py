@@ -111,14 +111,20 @@ def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Same seed, same files.")
 @click.option("--format", "image_format", default="jpg", show_default=True,
               type=click.Choice(["jpg", "png", "webp", "gif", "bmp"]), help="Image file format.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing dataset.sqlite and tags.txt.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing dataset.sqlite and tags.txt (one made with the same options is kept).")
 def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
     """Write a synthetic DeepDanbooru-layout dataset (SQLite + images + tags.txt) to DIRECTORY."""
-    from deepdanbooru.sample.generator import generate_sample_dataset
+    from deepdanbooru.sample.generator import existing_recipe, generate_sample_dataset
 
+    before = existing_recipe(directory)
     database, tags = generate_sample_dataset(directory, count=count, size=size, seed=seed,
-                                             image_format=image_format, overwrite=overwrite)
-    click.echo(f"Wrote {count} posts with {len(tags)} tags: {database}")
+                                             image_format=image_format, overwrite=overwrite,
+                                             reuse_identical=True)
+    if not overwrite and before is not None:  # anything but an identical earlier dataset raised above
+        click.echo(f"{database} already holds this sample dataset ({count} posts); nothing to do")
+    else:
+        click.echo(f"Wrote {count} posts with {len(tags)} tags: {database}")
     click.echo(f"Vocabulary: {database.parent / 'tags.txt'}")
     click.echo(f"Use it in a project: set database_path to {database.resolve()} and copy tags.txt beside project.json")
 

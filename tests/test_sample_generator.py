@@ -152,3 +152,21 @@ def test_cli_make_sample_dataset(tmp_path):
     assert "already exists; use --overwrite" in again.output
     bad = CliRunner().invoke(main, ["make-sample-dataset", str(target), "--format", "tiff"])
     assert bad.exit_code == 2 and "tiff" in bad.output
+
+
+def test_rerunning_the_command_with_the_same_options_keeps_the_dataset(tmp_path):
+    from click.testing import CliRunner
+
+    from deepdanbooru.cli import main
+
+    target = tmp_path / "data"
+    first = CliRunner().invoke(main, ["make-sample-dataset", str(target), "--count", "6", "--size", "16"])
+    assert first.exit_code == 0, first.output
+    stamp = (target / "dataset.sqlite").stat().st_mtime_ns
+    again = CliRunner().invoke(main, ["make-sample-dataset", str(target), "--count", "6", "--size", "16"])
+    assert again.exit_code == 0, again.output
+    assert "nothing to do" in again.output
+    assert (target / "dataset.sqlite").stat().st_mtime_ns == stamp
+    other = CliRunner().invoke(main, ["make-sample-dataset", str(target), "--count", "7", "--size", "16"])
+    assert other.exit_code == 2
+    assert "already exists; use --overwrite" in other.output

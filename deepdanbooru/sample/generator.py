@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import math
 import os
 import sqlite3
@@ -28,6 +29,9 @@ from deepdanbooru.project.create import write_text_atomic
 
 DATABASE_NAME = "dataset.sqlite"
 TAGS_NAME = "tags.txt"
+RECIPE_NAME = "sample.json"
+# Bump when the pictures change, so an old dataset is not mistaken for the current one.
+RECIPE_VERSION = 1
 
 # name -> RGB; jittered a little per image so the model learns a colour, not a value.
 BACKGROUNDS = {
@@ -230,10 +234,12 @@ def generate_sample_dataset(
     seed: int = 0,
     image_format: str = "jpg",
     overwrite: bool = False,
+    reuse_identical: bool = False,
 ) -> tuple[Path, list[str]]:
     """Write DIR/dataset.sqlite, DIR/images/<md5[0:2]>/<md5>.<ext> and DIR/tags.txt.
 
-    Returns (database path, tags). Equal arguments give byte-identical files.
+    Returns (database path, tags). Equal arguments give byte-identical files. With
+    reuse_identical, a complete dataset made earlier with the same arguments is kept as it is.
     """
     directory = Path(directory)
     if image_format not in FORMATS:
@@ -247,7 +253,10 @@ def generate_sample_dataset(
     if directory.exists() and not directory.is_dir():
         raise DatasetError(f"{directory}: exists and is not a directory")
     database = directory / DATABASE_NAME
+    recipe = _recipe(count, size, seed, image_format)
     if database.exists() and not overwrite:
+        if reuse_identical and existing_recipe(directory) == recipe:
+            return database, list(TAGS)
         raise DatasetError(file_field(database, None, "already exists; use --overwrite to replace it"))
 
     images = directory / "images"
@@ -260,4 +269,18 @@ def generate_sample_dataset(
     directory.mkdir(parents=True, exist_ok=True)
     _write_database(database, posts)
     write_text_atomic(directory / TAGS_NAME, "\n".join(TAGS) + "\n")
+    # Written last: its presence says the dataset above is complete and what made it.
+    write_text_atomic(directory / RECIPE_NAME, json.dumps(recipe, indent=2) + "\n")
     return database, list(TAGS)
+
+
+def _recipe(count, size, seed, image_format) -> dict:
+    return {"generator": RECIPE_VERSION, "count": count, "size": size, "seed": seed, "format": image_format}
+
+
+def existing_recipe(directory) -> dict | None:
+    """The parameters a complete earlier run wrote to DIR/sample.json, or None."""
+    try:
+        return json.loads((Path(directory) / RECIPE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

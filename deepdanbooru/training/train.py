@@ -111,6 +111,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
             remove_partial_exports(plan.paths.root)
             plan.paths.logs.mkdir(parents=True, exist_ok=True)
         with cluster_failures(plan.role, plan.paths.checkpoints):
+            if plan.role.in_cluster:
+                echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")
             # Before the monitors create their variables: that starts TensorFlow's runtime, after which
             # collectives and logical devices can no longer be configured.
             choose_strategy(plan.devices, plan.role)

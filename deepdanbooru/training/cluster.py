@@ -149,3 +149,20 @@ def logical_cpus(environ=None) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(file_field(LOGICAL_CPUS_ENV, None, f"{text!r} is not a positive integer"))
     return int(text)
+
+
+def prepare_tensorflow(role: ClusterRole, environ=None) -> None:
+    """Environment TensorFlow reads when it is imported; call before importing it.
+
+    In a replicated run a replica receives an empty batch whenever a batch has
+    fewer records than there are replicas (the end of an epoch, a worker whose
+    images ran out first). TensorFlow 2.21's oneDNN convolution returns a
+    wrongly shaped result for an empty batch (the input, unchanged), which
+    breaks the batch-norm all-reduce that follows, so oneDNN is turned off for
+    cluster and logical-CPU runs. GPU convolutions are not affected, and the
+    model runs there on GPU hosts; on CPU-only clusters this costs speed
+    (docs/distributed.md).
+    """
+    environ = os.environ if environ is None else environ
+    if role.in_cluster or logical_cpus(environ) > 1:
+        environ["TF_ENABLE_ONEDNN_OPTS"] = "0"

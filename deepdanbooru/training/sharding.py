@@ -153,7 +153,9 @@ def check_same_setup(sums: WorkerSums, role: ClusterRole, fingerprints: dict[str
                  for worker, row in enumerate(table)]
     differing = [(worker, names) for worker, names in differing if names]
     if differing:
-        details = "; ".join(f"worker {worker}: {', '.join(names)}" for worker, names in differing)
+        # role.tasks lists the chief first, then the workers: TensorFlow's task numbering.
+        details = "; ".join(f"{role.tasks[worker][0]}:{role.tasks[worker][1]} ({role.tasks[worker][2]}): "
+                            f"{', '.join(names)}" for worker, names in differing)
         raise TrainingError(file_field(
             "TF_CONFIG", None,
             f"{role.describe()}: the workers do not train the same setup as the chief ({details}). Every task "

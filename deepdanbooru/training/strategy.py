@@ -2,7 +2,7 @@
 
     TF_CONFIG describes a cluster        -> MultiWorkerMirroredStrategy (every local GPU, or the CPU)
     more than one GPU visible            -> MirroredStrategy over them (--devices picks which)
-    DEEPDANBOORU_LOGICAL_CPUS=N (tests)  -> MirroredStrategy over N logical CPU devices
+    DEEPDANBOORU_LOGICAL_CPUS=N (tests)  -> MirroredStrategy over N logical CPU devices (no cluster)
     otherwise                            -> the default strategy (one device)
 
 `minibatch_size` is the global batch whatever the replica count, and a
@@ -80,15 +80,15 @@ def choose_strategy(devices: DeviceChoice | None = None, role: ClusterRole | Non
 
 def _create_strategy(devices: DeviceChoice, role: ClusterRole, cpus: int) -> tf.distribute.Strategy:
     _select_gpus(devices)
-    if cpus > 1:
-        cpu_names = _split_cpu(cpus)
     if role.in_cluster:
-        # Blocks until every task of TF_CONFIG has started (there is no timeout).
+        # Blocks until every task of TF_CONFIG has started (there is no timeout). Logical CPUs are not
+        # split here: listing them would start the runtime, after which collectives cannot be configured.
         return tf.distribute.MultiWorkerMirroredStrategy()
+    cpu_names = _split_cpu(cpus) if cpus > 1 else []
     gpus = [device.name for device in tf.config.list_logical_devices("GPU")]
     if len(gpus) > 1:
         return tf.distribute.MirroredStrategy(gpus)
-    if cpus > 1 and not gpus:
+    if cpu_names and not gpus:
         return tf.distribute.MirroredStrategy(cpu_names)
     return tf.distribute.get_strategy()
 

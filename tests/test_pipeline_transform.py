@@ -179,6 +179,17 @@ def test_same_record_at_same_position_gets_same_pixels_in_any_slice_and_parallel
         np.testing.assert_array_equal(again[position], whole[position])
 
 
+def test_datasets_run_without_the_autotuning_model(record_paths):
+    # Its thread made destroying a finished iterator wait up to a minute (pipeline/dataset.py).
+    train = training_dataset(record_paths, ["a"] * 7, ["a"], height=24, width=24, rotation_range=None,
+                             scale_range=None, shift_range=None, seed=0, random_seed=0, start_position=0,
+                             batch_size=3, max_image_pixels=10**8)
+    infer = inference_dataset(record_paths, height=24, width=24, batch_size=3, max_image_pixels=10**8)
+    for dataset in (train, infer):
+        assert dataset.options().autotune.enabled is False
+        assert sum(int(batch["image"].shape[0]) for batch in dataset) == 7
+
+
 def test_different_random_seed_or_position_gives_different_pixels(record_paths):
     base = _train(record_paths, 0)
     next_epoch = _train(record_paths, 0, random_seed=1)

@@ -57,3 +57,35 @@ def test_help_and_create_project_do_not_import_tensorflow(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+_ENTRY = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('interpreter shutdown ran', file=sys.stderr))\n"
+    "sys.argv = ['deepdanbooru', *sys.argv[1:]]\n"
+    "from deepdanbooru.cli import run\n"
+    "run()\n"
+)
+
+
+def _entry(*args):
+    return subprocess.run([sys.executable, "-c", _ENTRY, *args], capture_output=True, text=True)
+
+
+def test_entry_point_skips_the_interpreter_shutdown_after_tensorflow_with_output_flushed(tmp_path):
+    shown = _entry("show-model", "resnet_small", "--width", "32", "--height", "32", "--tags", "3", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["output_shape"][-1] == 3  # all of it arrived through the pipe
+    assert "interpreter shutdown ran" not in shown.stderr
+    junk = tmp_path / "junk.keras"
+    junk.write_text("not a model")
+    (tmp_path / "tags.txt").write_text("a\nb\n")
+    refused = _entry("evaluate", "--model-path", str(junk), "--tags-path", str(tmp_path / "tags.txt"), str(junk))
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith(f"error: {junk}: cannot be opened as a Keras model")
+    assert "interpreter shutdown ran" not in refused.stderr
+    # Without TensorFlow loaded the ordinary exit stays, with its exit code.
+    created = _entry("create-project", str(tmp_path / "p"))
+    assert created.returncode == 0 and "interpreter shutdown ran" in created.stderr
+    again = _entry("create-project", str(tmp_path / "p"))
+    assert again.returncode == 2 and "interpreter shutdown ran" in again.stderr

@@ -45,11 +45,34 @@ def test_failed_save_removes_its_partial_file(tmp_path, small_model, monkeypatch
 
 
 def test_partials_of_dead_runs_removed(tmp_path):
-    (tmp_path / ".model-x.e1.partial-123.keras").write_bytes(b"half")
+    (tmp_path / ".model-x.e1.partial-123.keras").write_bytes(b"half")  # written by earlier versions
+    staging = tmp_path / ".model-x.partial-456"
+    staging.mkdir()
+    (staging / "model-x.keras").write_bytes(b"half")
+    (staging / "tmpab12cd").write_bytes(b"weights")  # Keras's weights staged on disk
     (tmp_path / "model-x.e1.keras").write_bytes(b"real")
+    (tmp_path / ".notes.partial-1.txt").write_text("not ours")
     removed = remove_partial_exports(tmp_path)
-    assert [p.name for p in removed] == [".model-x.e1.partial-123.keras"]
-    assert [p.name for p in tmp_path.iterdir()] == ["model-x.e1.keras"]
+    assert [p.name for p in removed] == [".model-x.e1.partial-123.keras", ".model-x.partial-456"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".notes.partial-1.txt", "model-x.e1.keras"]
+
+
+def test_weights_staged_on_disk_during_the_save_only(tmp_path, small_model, monkeypatch):
+    from keras.src.saving import saving_lib
+
+    judge = saving_lib.is_memory_sufficient
+    seen = []
+    real_save = keras.Model.save
+
+    def spy(self, path, *args, **kwargs):
+        seen.append((saving_lib.is_memory_sufficient(self), sorted(p.name for p in tmp_path.iterdir())))
+        return real_save(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "save", spy)
+    save_atomic(small_model, tmp_path / "model-x.keras")
+    assert seen == [(False, [f".model-x.partial-{os.getpid()}"])]
+    assert saving_lib.is_memory_sufficient is judge
+    assert [p.name for p in tmp_path.iterdir()] == ["model-x.keras"]
 
 
 def test_mixed_model_and_float32_copy(tmp_path):

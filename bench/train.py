@@ -19,7 +19,12 @@ tracing and the final checkpoint/export), whole-run samples/s of the real run
 Ratios: steady = real steady / model-only steady; whole run = real whole-run /
 model-only steady; rss = real / model-only. checkpoint_share projects the
 measured checkpoint time onto the default cadence: c / (c + 200 * batch /
-real steady rate). Last line: JSON.
+real steady rate). bound_whole_run_ratio is the same whole-run measure taken
+of the model-only child itself (samples of its warm-up and timed steps over
+its time from the first line of its script, before TensorFlow is imported,
+to the end of the timed steps): the ceiling that TensorFlow's import, the
+model's build, the trace and the first execution leave to any real run.
+Last line: JSON.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ done = step.counters.read_window()
 end = time.monotonic()
 assert int(done["samples"]) == steps * batch
 print(json.dumps({"steady_samples_per_second": steps * batch / (end - begin),
-                  "whole_seconds": end - started, "first_step_seconds": begin - started}))
+                  "whole_seconds": end - started, "first_step_seconds": begin - started,
+                  "whole_samples": (warmup + steps) * batch}))
 """
 
 
@@ -169,6 +175,8 @@ def main() -> None:
             "steady_ratio": real["steady_samples_per_second"] / model_only["steady_samples_per_second"],
             "whole_run_ratio": real["whole_samples_per_second"] / model_only["steady_samples_per_second"],
             "rss_ratio": real["peak_rss_bytes"] / model_only["peak_rss_bytes"],
+            "bound_whole_run_ratio": (model_only["whole_samples"] / model_only["whole_seconds"]
+                                      / model_only["steady_samples_per_second"]),
         }
         if real["checkpoint_seconds"] is not None:
             slice_seconds = DEFAULT_CADENCE_MB * args.batch / real["steady_samples_per_second"]
@@ -180,7 +188,8 @@ def main() -> None:
               f"checkpoint {real['checkpoint_seconds']} s ({real['checkpoint_bytes'] / 2**20:.0f} MiB)")
         print(f"       model-only steady {model_only['steady_samples_per_second']:.2f} samples/s, whole "
               f"{model_only['whole_seconds']:.1f} s (first timed step at {model_only['first_step_seconds']:.1f} s), "
-              f"peak RSS {model_only['peak_rss_bytes'] / 2**20:.0f} MiB")
+              f"peak RSS {model_only['peak_rss_bytes'] / 2**20:.0f} MiB, its own whole-run ratio "
+              f"{pair['bound_whole_run_ratio']:.3f}")
         print(f"       ratios: steady {pair['steady_ratio']:.3f}, whole run {pair['whole_run_ratio']:.3f}, "
               f"rss {pair['rss_ratio']:.3f}, checkpoint share at {DEFAULT_CADENCE_MB} mb "
               f"{pair.get('checkpoint_share', float('nan')):.4f}")
@@ -193,6 +202,7 @@ def main() -> None:
         "model": args.model, "size": args.size, "batch": args.batch, "samples": args.samples,
         "steady_ratio": median("steady_ratio"), "whole_run_ratio": median("whole_run_ratio"),
         "rss_ratio": median("rss_ratio"), "checkpoint_share": median("checkpoint_share"),
+        "bound_whole_run_ratio": median("bound_whole_run_ratio"),
         "runs": pairs,
     }))
 

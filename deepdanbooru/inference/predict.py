@@ -64,7 +64,7 @@ class Tagger:
             # One traced graph for every batch size: the last, partial batch must not retrace.
             signature = [tf.TensorSpec((None, self.height, self.width, 3), tf.float32)]
             self._call = tf.function(lambda images: model(images, training=False), input_signature=signature,
-                                     reduce_retracing=True)
+                                     reduce_retracing=True, autograph=False)
         else:
             self._call = lambda images: model(images, training=False)
 

@@ -92,6 +92,9 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
             out["label"] = tf.ensure_shape(multi_hot(batch["tags"], table, len(tags)), [None, len(tags)])
         return out
 
+    # tf.data runs autograph over map functions unless told not to; these branch on Python values only.
+    prepare = tf.autograph.experimental.do_not_convert(prepare)
+    finish = tf.autograph.experimental.do_not_convert(finish)
     dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
     dataset = dataset.ignore_errors()
     # Padding while batching writes each image once, straight into the batch buffer.

@@ -164,7 +164,8 @@ def _warp(canvas, parameters, content_size, output_size):
 # pixel; one fused XLA loop over the batch is about five times cheaper on a CPU.
 @functools.lru_cache(maxsize=None)
 def _compiled_warp(output_size):
-    return tf.function(lambda c, p, s: _warp(c, p, s, output_size), jit_compile=True, reduce_retracing=True)
+    return tf.function(lambda c, p, s: _warp(c, p, s, output_size), jit_compile=True, reduce_retracing=True,
+                       autograph=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,7 +179,9 @@ def _compiled_transform(output_size, augmentation):
             parameters = warp_parameters(content_size, zoom, output_size, scale, angle, shift)
         return _warp(canvas, parameters, content_size, output_size)
 
-    return tf.function(transform, jit_compile=True, reduce_retracing=True)
+    # No autograph: every branch here is on Python values, and converting this module's source cost
+    # ~1.3 s of each train-project start (py-spy, docs/performance.md).
+    return tf.function(transform, jit_compile=True, reduce_retracing=True, autograph=False)
 
 
 def _pad_batch(batch_size, tensors, fill):

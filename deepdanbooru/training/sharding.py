@@ -52,7 +52,7 @@ class WorkerSums:
         # Every local replica contributes the vector; the total is divided by the local replica count.
         self.local_replicas = len(strategy.extended.worker_devices)
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.float64)])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float64)], autograph=False)
         def total(vector):
             per_replica = strategy.run(tf.identity, args=(vector,))
             return strategy.reduce(_SUM, per_replica, axis=None)

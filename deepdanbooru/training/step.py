@@ -82,7 +82,9 @@ class TrainStep:
     def bind(self, element_spec) -> None:
         """Compile for batches of this spec (batch dimension None): one trace serves full and partial batches."""
         if self._function is None:
-            self._function = tf.function(self._step, input_signature=[element_spec])
+            # No autograph (as Keras's own train step): the branches here are on Python values, and
+            # converting the step's source cost ~0.8 s of the first step (py-spy, docs/performance.md).
+            self._function = tf.function(self._step, input_signature=[element_spec], autograph=False)
 
     def __call__(self, batch) -> None:
         self._function(batch)

@@ -31,7 +31,7 @@ class BatchScorer:
         self._call = tf.function(self._score, input_signature=[
             tf.TensorSpec([None, height, width, 3], tf.float32),
             tf.TensorSpec([None, self.n_tags], tf.float32),
-        ])
+        ], autograph=False)
 
     def _score(self, images, labels):
         # The output layer is float32 under mixed precision too; the cast only guards foreign models.

@@ -8,9 +8,9 @@ Two fresh subprocesses, one after the other, so each one's peak RSS is its own:
 - real: `python -m deepdanbooru train-project` on a generated project
   (--samples JPEG posts of --image-size pixels, one epoch, the default
   checkpoint cadence of 200 minibatches, final export);
-- model-only: the same model, optimizer, batch size and compiled train step
-  (deepdanbooru.training.step.TrainStep) on one in-memory batch repeated,
-  timed after warm-up.
+- model-only: the same model, optimizer, batch size, strategy and compiled
+  train step (deepdanbooru.training.step.TrainStep) on one in-memory batch
+  repeated, timed after warm-up.
 
 Reported: steady samples/s of each (the real one from the console's progress
 lines, i.e. between the first and the last line, which excludes start-up,
@@ -52,7 +52,8 @@ from deepdanbooru.models import build_model, make_optimizer
 from deepdanbooru.training.step import TrainStep
 keras.utils.set_random_seed(0)
 tf.config.experimental.enable_op_determinism()
-strategy = tf.distribute.get_strategy()
+from deepdanbooru.training.strategy import choose_strategy
+strategy = choose_strategy()  # the trainer's choice, with its graph options (grappler off without a GPU)
 with strategy.scope():
     model = build_model(model_name, (size, size, 3), tag_count, seed=0)
     optimizer = make_optimizer("adam", 0.001)

@@ -18,6 +18,7 @@ import click
 from deepdanbooru import __version__
 from deepdanbooru.errors import UserError
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
+from deepdanbooru.tfimport import install_quiet_import
 
 
 class _Group(click.Group):
@@ -52,6 +53,8 @@ def main(ctx, debug):
     # TensorFlow's C++ start-up chatter (CPU feature notes, plugin registration) buries our
     # own one-line messages; keep it unless the user chose a level or asked for --debug.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if debug else "3")
+    # ... and the lines its libraries print while loading ignore that level: filter them (tfimport.py).
+    install_quiet_import()
 
 
 @main.command("create-project")

@@ -77,6 +77,8 @@ def test_entry_point_skips_the_interpreter_shutdown_after_tensorflow_with_output
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["output_shape"][-1] == 3  # all of it arrived through the pipe
     assert "interpreter shutdown ran" not in shown.stderr
+    # TensorFlow's load-time absl lines (printed here whatever TF_CPP_MIN_LOG_LEVEL says) are filtered out.
+    assert "absl::InitializeLog" not in shown.stderr and "] oneDNN" not in shown.stderr, shown.stderr
     junk = tmp_path / "junk.keras"
     junk.write_text("not a model")
     (tmp_path / "tags.txt").write_text("a\nb\n")

@@ -365,3 +365,18 @@ def test_round_trip_import_make_tags_train_evaluate(tmp_path):
         assert list(record["tags"]) == tags
         assert all(0.0 <= score <= 1.0 for score in record["tags"].values())
         assert Path(record["path"]).with_suffix(".txt").read_text() == ", ".join(tags)
+
+
+def test_inference_devices_skip_grappler_without_a_gpu():
+    import tensorflow as tf
+
+    from deepdanbooru.inference.predict import configure_devices
+
+    before = tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
+    try:
+        devices = configure_devices(allow_gpu=False)
+        assert not any(name.startswith("GPU") for name in devices)
+        assert tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"] is True
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": before})

@@ -75,16 +75,17 @@ def choose_strategy(devices: DeviceChoice | None = None, role: ClusterRole | Non
     key = (devices or DeviceChoice(), cluster_role() if role is None else role, logical_cpus())
     if key not in _chosen:
         _chosen[key] = _create_strategy(*key)
-        _tune_graph_optimizer()
+        tune_graph_optimizer()
     return _chosen[key]
 
 
-def _tune_graph_optimizer() -> None:
-    """Without a GPU, skip grappler's rewrites of the compiled steps.
+def tune_graph_optimizer() -> None:
+    """Without a GPU, skip grappler's rewrites of compiled functions (process-wide; training and inference).
 
-    On a CPU they cost ~5 s of the first step of resnet_custom_v4 (9 s -> 4 s) and gain nothing per step
-    (1.29 s either way at batch 16, 128x128; docs/performance.md). With a GPU they stay on: the layout
-    optimizer and the remapper's fused kernels matter there.
+    On a CPU they cost ~7 s of the first train step of resnet_custom_v4 (17.0 s -> 9.6 s in one process,
+    side by side) and ~0.4 s of the first inference call, and gain nothing per step (training 1.14 / 1.06 s,
+    inference 0.39-0.41 s either way; docs/performance.md). With a GPU they stay on: the layout optimizer
+    and the remapper's fused kernels matter there.
     """
     if not tf.config.list_logical_devices("GPU"):
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})

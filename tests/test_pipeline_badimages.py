@@ -130,6 +130,20 @@ def test_log_is_appended_across_slices_and_a_clean_slice_writes_nothing(records,
     assert len(log.read_text().splitlines()) == 7
     assert all(line.startswith("-\t") for line in log.read_text().splitlines())
 
+    # The same range again (a slice re-run after a resume) adds nothing; another context adds its lines.
+    before = log.read_text()
+    log.write_text(before + "-\t9\tcut short by a kill")  # no newline at the end
+    dataset = inference_dataset(paths, height=16, width=16, batch_size=4, max_image_pixels=LIMIT)
+    for batch in dataset:
+        tracker.observe(batch["position"].numpy())
+    assert tracker.finish(0, len(paths)) == 7
+    assert log.read_text() == before + "-\t9\tcut short by a kill"
+    again = BadImageTracker(log, paths, max_image_pixels=LIMIT, context="epoch 2")
+    assert again.finish(0, len(paths)) == len(paths)
+    lines = log.read_text().splitlines()
+    assert lines[:8] == [*before.splitlines(), "-\t9\tcut short by a kill"]
+    assert len(lines) == 8 + len(paths) and all(line.startswith("epoch 2\t") for line in lines[8:])
+
     clean = BadImageTracker(tmp_path / "clean" / "bad_images.txt", [paths[0]], max_image_pixels=LIMIT)
     for batch in inference_dataset([paths[0]], height=16, width=16, batch_size=4, max_image_pixels=LIMIT):
         clean.observe(batch["position"].numpy())

@@ -149,10 +149,26 @@ class BadImageTracker:
         return len(missing)
 
     def _append(self, entries) -> None:
+        """Append the lines the log does not hold yet.
+
+        A slice re-run after a resume (or a validation pass repeated) finds the same images under the
+        same context and position; they are listed once. A line cut short by a kill is closed first.
+        """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{self.context}\t{position}\t{_one_line(path)}\t{_one_line(reason)}"
+                 for position, path, reason in entries]
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            text = ""
+        known = set(text.splitlines())
+        new = [line for line in dict.fromkeys(lines) if line not in known]
+        if not new:
+            return
         with open(self.log_path, "a", encoding="utf-8") as log:
-            for position, path, reason in entries:
-                log.write(f"{self.context}\t{position}\t{_one_line(path)}\t{_one_line(reason)}\n")
+            if text and not text.endswith("\n"):
+                log.write("\n")
+            log.write("".join(f"{line}\n" for line in new))
             log.flush()
             os.fsync(log.fileno())
 

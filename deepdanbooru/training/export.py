@@ -40,10 +40,10 @@ def _weights_staged_on_disk():
 
     Keras 3.15 otherwise builds the whole weights file in memory whenever it judges memory sufficient,
     and copies that buffer once more into the zip: +225 MB of peak memory for resnet_custom_v4's 230 MB
-    export, against +12-37 MB staged on disk, in the same time (bench/train.py, docs/performance.md).
+    export, against +12-37 MB staged on disk, in about the same time (docs/performance.md).
     The switch is a private Keras function; without it the save simply takes the in-memory path.
     """
-    judge = getattr(saving_lib, "is_memory_sufficient", None) if saving_lib is not None else None
+    judge = getattr(saving_lib, "is_memory_sufficient", None)
     if judge is None:
         yield
         return

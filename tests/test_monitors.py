@@ -1,6 +1,7 @@
 """Monitors driven with crafted events: TensorBoard, history, best model, console lines; gradient clipping."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import keras
@@ -18,6 +19,7 @@ from deepdanbooru.training.monitors import (
     StepLog,
     ValidationReport,
     final_validation_line,
+    validation_cost_notice,
     validation_plan_line,
 )
 from deepdanbooru.training.tensorboard import (
@@ -304,6 +306,23 @@ def test_validation_plan_and_final_lines(tmp_path):
     line = final_validation_line(report(12, micro_f1=0.5, macro_f1=0.25, map=0.75))
     assert line.startswith("Final validation (step 12, 4 records): micro-F1 0.5000, macro-F1 0.2500, mAP 0.7500, "
                            "loss 0.5000, MCC ")
+
+
+def test_validation_cost_notice(tmp_path):
+    # 4 of 100 records, 13 slices, every 2 slices: 7 passes x 4 / 4.5 / 100 = 6%: no notice.
+    assert validation_cost_notice(run_info(tmp_path)) is None
+    assert validation_cost_notice(run_info(tmp_path, validation_records=0, fraction=0.0)) is None
+    heavy = validation_cost_notice(run_info(tmp_path, validation_records=10))
+    assert heavy == ("notice: validation will take about 16% of the training time (7 pass(es) of 10 records per "
+                     f"epoch of 100); raise validation_frequency_slices in {tmp_path / 'project.json'} (0: epoch "
+                     "ends only) or lower validation_fraction")
+    epoch_end_only = replace(run_info(tmp_path, validation_records=50), validation_frequency_slices=0)
+    assert validation_cost_notice(epoch_end_only) == (
+        "notice: validation will take about 11% of the training time (1 pass(es) of 50 records per epoch of 100); "
+        f"lower validation_fraction in {tmp_path / 'project.json'}")
+    lines = []
+    ConsoleMonitor(echo=lines.append).on_train_begin(run_info(tmp_path, validation_records=10))
+    assert lines[2] == heavy
 
 
 def test_console_prints_each_validation_and_the_final_one_last(tmp_path):

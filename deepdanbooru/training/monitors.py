@@ -163,6 +163,9 @@ class ConsoleMonitor(Monitor):
         height, width, _ = run.input_shape
         self.echo(f"Records: {run.train_records} training, {run.validation_records} validation")
         self.echo(validation_plan_line(run))
+        notice = validation_cost_notice(run)
+        if notice:
+            self.echo(notice)
         source = f" (from {run.source_model})" if run.source_model else ""
         self.echo(f"Model: {run.model_name}{source}, input {height}x{width}, batch {run.batch_size}, "
                   f"{run.policy}")
@@ -239,6 +242,28 @@ def validation_plan_line(run: RunInfo) -> str:
                 f"{run.train_records} eligible records; raise it in {where} or add posts")
     return (f"Validation: off. To measure the model on held-out records (metrics, calibrated thresholds, "
             f"the best model), set \"validation_fraction\": 0.05 in {where}")
+
+
+# A validation record costs about 1/4.5 of a training record (forward pass only; docs/performance.md).
+VALIDATION_RECORD_COST = 1 / 4.5
+VALIDATION_NOTICE_SHARE = 0.10
+
+
+def validation_cost_notice(run: RunInfo) -> str | None:
+    """A notice when validating would take more than 10% of the training time, with what to change."""
+    if not run.validation_records or not run.train_records:
+        return None
+    every = run.validation_frequency_slices
+    # Mid-epoch passes after slices every, 2*every, ... before the last one, plus the epoch end's.
+    passes = ((run.slices_per_epoch - 1) // every if every else 0) + 1
+    share = passes * run.validation_records * VALIDATION_RECORD_COST / run.train_records
+    if share <= VALIDATION_NOTICE_SHARE:
+        return None
+    where = run.config_path or "project.json"
+    advice = (f"raise validation_frequency_slices in {where} (0: epoch ends only) or lower validation_fraction"
+              if every else f"lower validation_fraction in {where}")
+    return (f"notice: validation will take about {share:.0%} of the training time ({passes} pass(es) of "
+            f"{run.validation_records} records per epoch of {run.train_records}); {advice}")
 
 
 class ProgressBarMonitor(Monitor):

@@ -31,7 +31,7 @@ from deepdanbooru.models import build_model, load_model_file, make_optimizer
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport
+from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, validation_trigger
 from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.training.state import (
     Counters,
@@ -272,11 +272,10 @@ class SliceTrainer:
         c.offset = stop
         # Before the checkpoint, so what validation changes (best-so-far value, history) is saved with it.
         if self.validator is not None:
-            frequency = self.config.validation_frequency_slices
-            if stop >= self.n:
-                self._validate("epoch")
-            elif frequency and (-(-stop // self.slice_records)) % frequency == 0:
-                self._validate("slice")
+            trigger = validation_trigger(-(-stop // self.slice_records), stop >= self.n,
+                                         self.config.validation_frequency_slices)
+            if trigger:
+                self._validate(trigger)
         logs: dict = {}
         for monitor in self.monitors:
             monitor.before_checkpoint(self._progress(), logs)

@@ -249,13 +249,25 @@ VALIDATION_RECORD_COST = 1 / 4.5
 VALIDATION_NOTICE_SHARE = 0.10
 
 
+def validation_trigger(slice_number: int, last: bool, every: int) -> str | None:
+    """Whether validation runs after slice `slice_number` (1-based, within the epoch): "epoch", "slice" or None.
+
+    After the epoch's `last` slice always; before it, after every `every`-th slice (0: never mid-epoch).
+    """
+    if last:
+        return "epoch"
+    if every and slice_number % every == 0:
+        return "slice"
+    return None
+
+
 def validation_cost_notice(run: RunInfo) -> str | None:
     """A notice when validating would take more than 10% of the training time, with what to change."""
     if not run.validation_records or not run.train_records:
         return None
     every = run.validation_frequency_slices
-    # Mid-epoch passes after slices every, 2*every, ... before the last one, plus the epoch end's.
-    passes = ((run.slices_per_epoch - 1) // every if every else 0) + 1
+    passes = sum(validation_trigger(number, number == run.slices_per_epoch, every) is not None
+                 for number in range(1, run.slices_per_epoch + 1))
     share = passes * run.validation_records * VALIDATION_RECORD_COST / run.train_records
     if share <= VALIDATION_NOTICE_SHARE:
         return None

@@ -1,4 +1,4 @@
-"""Building blocks of the ResNets: built-in Keras layers only, named stably.
+"""Building blocks of the ResNets and the heads of every family: built-in Keras layers only, named stably.
 
 Built-in layers keep exports loadable by plain `keras.models.load_model`;
 stable names let checkpoints and --source-model weights line up by name.
@@ -92,4 +92,13 @@ def dense_head(x, n_tags, seed):
     )(x)
 
 
-HEADS = {"conv": conv_head, "dense": dense_head}
+def pooled_head(x, n_tags, seed):
+    x = layers.GlobalAveragePooling2D(name="head_pool")(x)
+    return layers.Dense(
+        n_tags,
+        kernel_initializer=keras.initializers.GlorotUniform(seed=layer_seed(seed, "head_dense")),
+        name="head_dense",
+    )(x)
+
+
+HEADS = {"conv": conv_head, "dense": dense_head, "pooled": pooled_head}

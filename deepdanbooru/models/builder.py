@@ -6,8 +6,25 @@ import keras
 from keras import layers
 
 from deepdanbooru.errors import ModelError
-from deepdanbooru.models import blocks
+from deepdanbooru.models import applications, blocks, vit
 from deepdanbooru.models.table import check_model_input
+
+
+def _resnet_trunk(name, inputs, seed):
+    architecture = check_model_input(name, tuple(inputs.shape[1:]))
+    x = blocks.stem(inputs, architecture.widths[0] // 4, seed)
+    for index, (width, repeat) in enumerate(zip(architecture.widths, architecture.repeats), start=1):
+        x = blocks.stage(x, width, repeat, index, seed)
+    return x
+
+
+# family -> trunk(name, input tensor, seed): the last feature map, which the row's head reads.
+TRUNKS = {
+    "resnet": _resnet_trunk,
+    "convnext": applications.trunk,
+    "efficientnetv2": applications.trunk,
+    "vit": vit.trunk,
+}
 
 
 def build_model(name: str, input_shape, n_tags: int, seed: int = 0) -> keras.Model:
@@ -23,12 +40,13 @@ def build_model(name: str, input_shape, n_tags: int, seed: int = 0) -> keras.Mod
         raise ModelError(f"n_tags: must be a positive integer, got {n_tags!r}")
 
     inputs = keras.Input(shape=input_shape, name="image")
-    x = blocks.stem(inputs, architecture.widths[0] // 4, seed)
-    for index, (width, repeat) in enumerate(zip(architecture.widths, architecture.repeats), start=1):
-        x = blocks.stage(x, width, repeat, index, seed)
+    x = TRUNKS[architecture.family](name, inputs, seed)
     x = blocks.HEADS[architecture.head](x, n_tags, seed)
     outputs = layers.Activation("sigmoid", dtype="float32", name="output")(x)
-    return keras.Model(inputs, outputs, name=name)
+    model = keras.Model(inputs, outputs, name=name)
+    if architecture.family == "vit":
+        vit.seed_attention(model, seed)
+    return model
 
 
 def count_weights(model: keras.Model) -> tuple[int, int]:

@@ -24,7 +24,15 @@ class Architecture:
     repeats: tuple[int, ...]
     # "dense": 7x7 valid average pool, flatten, dense, sigmoid (resnet_152).
     # "conv": 1x1 conv to n_tags without bias, global average pool, sigmoid.
+    # "pooled": global average pool, dense to n_tags with bias, sigmoid.
     head: str
+    # "resnet": ours (models.blocks). "convnext", "efficientnetv2": the keras.applications model named by
+    # `application`, made of built-in layers (models.applications). "vit": models.vit.
+    family: str = "resnet"
+    application: str | None = None
+    # vit: the input's sides must be multiples of the patch; widths[0] is split across `heads`.
+    patch: int = 0
+    heads: int = 0
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -34,7 +42,30 @@ ARCHITECTURES: dict[str, Architecture] = {
     "resnet_custom_v3": Architecture((256, 512, 1024, 1024, 2048, 4096), (2, 7, 19, 19, 2, 2), "conv"),
     "resnet_custom_v4": Architecture((256, 512, 1024, 1024, 1024, 2048), (2, 7, 10, 10, 10, 2), "conv"),
     "resnet_small": Architecture((64, 128, 256, 512), (1, 1, 1, 1), "conv"),
+    # widths and repeats are the applications' own projection_dims and depths.
+    "convnext_tiny": Architecture((96, 192, 384, 768), (3, 3, 9, 3), "pooled", "convnext", "ConvNeXtTiny"),
+    "convnext_small": Architecture((96, 192, 384, 768), (3, 3, 27, 3), "pooled", "convnext", "ConvNeXtSmall"),
+    # widths: each stage's output filters; the rest of a stage is in EFFICIENTNETV2_STAGES.
+    "efficientnetv2_b0": Architecture((16, 32, 48, 96, 112, 192), (1, 2, 2, 3, 5, 8), "pooled",
+                                      "efficientnetv2", "EfficientNetV2B0"),
+    "efficientnetv2_s": Architecture((24, 48, 64, 128, 160, 256), (2, 4, 4, 6, 9, 15), "pooled",
+                                     "efficientnetv2", "EfficientNetV2S"),
+    # ViT-S/16 (Dosovitskiy et al.; DeiT-S): width 384, 12 blocks, 6 heads, MLP 4x.
+    "vit_small_patch16": Architecture((384,), (12,), "pooled", "vit", patch=16, heads=6),
 }
+
+# The EfficientNetV2 stages as keras.applications builds them (width and depth coefficients 1.0 for
+# both): (stem filters, ((kernel, expand ratio, stride, squeeze-excite ratio, fused), ...)), one
+# entry per stage, in the order of the row's widths and repeats; the top conv has 1280 filters.
+EFFICIENTNETV2_STAGES = {
+    "efficientnetv2_b0": (32, ((3, 1, 1, 0.0, True), (3, 4, 2, 0.0, True), (3, 4, 2, 0.0, True),
+                               (3, 4, 2, 0.25, False), (3, 6, 1, 0.25, False), (3, 6, 2, 0.25, False))),
+    "efficientnetv2_s": (24, ((3, 1, 1, 0.0, True), (3, 4, 2, 0.0, True), (3, 4, 2, 0.0, True),
+                              (3, 4, 2, 0.25, False), (3, 6, 1, 0.25, False), (3, 6, 2, 0.25, False))),
+}
+EFFICIENTNETV2_TOP = 1280
+# keras.applications refuses inputs under 32x32; ConvNeXt's valid strided convs need 32 to leave 1x1.
+APPLICATION_MINIMUM = 32
 
 
 def model_names() -> tuple[str, ...]:
@@ -69,10 +100,23 @@ def final_feature_size(name: str, height: int, width: int) -> tuple[int, int]:
 
 def minimum_input_size(name: str) -> int:
     """Smallest height (or width) the model accepts."""
-    if get_architecture(name).head != "dense":
+    architecture = get_architecture(name)
+    if architecture.family == "vit":
+        return architecture.patch
+    if architecture.application:
+        return APPLICATION_MINIMUM
+    if architecture.head != "dense":
         return 1
-    halvings = _STEM_STRIDES + len(get_architecture(name).widths) - 1
+    halvings = _STEM_STRIDES + len(architecture.widths) - 1
     return (POOL_SIZE - 1) * 2**halvings + 1
+
+
+def _why_too_small(name: str, architecture: Architecture, height: int, width: int) -> str:
+    if architecture.application:
+        return f"keras.applications' {architecture.application} takes nothing smaller"
+    final = final_feature_size(name, height, width)
+    return (f"its final feature map must be at least {POOL_SIZE}x{POOL_SIZE} for the {POOL_SIZE}x{POOL_SIZE} "
+            f"average pool; {height}x{width} gives {final[0]}x{final[1]}")
 
 
 def check_model_input(name: str, input_shape, source=None) -> Architecture:
@@ -90,25 +134,30 @@ def check_model_input(name: str, input_shape, source=None) -> Architecture:
     if len(shape) != 3 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
         fail("input_shape", f"input shape must be (height, width, channels) of positive integers, got {shape}")
     height, width, _ = shape
+    patch = architecture.patch
+    if patch and (height % patch or width % patch):
+        fail("image_width/image_height",
+             f"{name} cuts the image into {patch}x{patch} patches: height and width must be multiples of "
+             f"{patch}, got {height}x{width}")
     minimum = minimum_input_size(name)
     if height < minimum or width < minimum:
-        final = final_feature_size(name, height, width)
-        fail(
-            "image_width/image_height",
-            f"{name} needs an input of at least {minimum}x{minimum} (its final feature map must be "
-            f"at least {POOL_SIZE}x{POOL_SIZE} for the {POOL_SIZE}x{POOL_SIZE} average pool); "
-            f"{height}x{width} gives {final[0]}x{final[1]}",
-        )
+        fail("image_width/image_height",
+             f"{name} needs an input of at least {minimum}x{minimum} "
+             f"({_why_too_small(name, architecture, height, width)})")
     return architecture
 
 
 def parameter_counts(name: str, input_shape, n_tags: int) -> tuple[int, int]:
     """(trainable, non_trainable) of build_model(name, input_shape, n_tags), computed from the table.
 
-    Batch norm has 2 trainable (gamma, beta) and 2 non-trainable (moving mean,
+    The ResNets here, the other families in models.counts. Batch norm has 2 trainable (gamma, beta) and 2 non-trainable (moving mean,
     variance) weights per channel; convolutions have no bias.
     """
     architecture = check_model_input(name, input_shape)
+    if architecture.family != "resnet":
+        from deepdanbooru.models import counts
+
+        return counts.COUNTERS[architecture.family](name, architecture, tuple(input_shape), n_tags)
     height, width, channels = input_shape
     trainable = non_trainable = 0
 

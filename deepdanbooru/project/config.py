@@ -24,6 +24,11 @@ MODEL_NAMES = (
     "resnet_custom_v3",
     "resnet_custom_v4",
     "resnet_small",
+    "convnext_tiny",
+    "convnext_small",
+    "efficientnetv2_b0",
+    "efficientnetv2_s",
+    "vit_small_patch16",
 )
 LOSS_NAMES = ("binary_crossentropy", "focal_loss")
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")

@@ -267,6 +267,13 @@ KEYS: tuple[Key, ...] = (
         ", ".join(BEST_MODEL_METRICS), spec=False),
     Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
         "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
+    Key("backbone_weights", None, _optional_path,
+        "weights for the model's trunk, loaded when training starts from scratch (the head starts fresh); "
+        "a relative path is resolved against the project directory; see docs/training.md", "str or null",
+        "a .weights.h5 / .h5 of the trunk, or a .keras model of the same architecture", spec=False),
+    Key("freeze_backbone_epochs", 0, _int(0),
+        "train only the head (trunk frozen, its batch norm on moving statistics) for the first N epochs",
+        "int", ">= 0", spec=False),
 )
 KEY_BY_NAME = {key.name: key for key in KEYS}
 
@@ -305,6 +312,8 @@ class ProjectConfig:
     validation_threshold: float
     best_model_metric: str
     gradient_clip_norm: float | None
+    backbone_weights: Path | None
+    freeze_backbone_epochs: int
     unknown_keys: tuple[str, ...] = field(default=())
 
     @property
@@ -321,6 +330,13 @@ class ProjectConfig:
             if step.used_epoch <= epoch:
                 rate = step.learning_rate
         return rate
+
+    def require_backbone_weights(self) -> Path | None:
+        """The backbone_weights path, checked to exist (null: None)."""
+        path = self.backbone_weights
+        if path is not None and not path.is_file():
+            raise ConfigError(file_field(self.config_path, "backbone_weights", f"file not found: {path}"))
+        return path
 
     def require_database(self) -> Path:
         """The database path, checked to exist (training and preflight need it)."""
@@ -354,13 +370,16 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None) -> Pro
     for name in unknown:
         warnings.warn(f"{source}: unknown key {name!r} is ignored{_did_you_mean(name, KEY_BY_NAME)}",
                       UserWarning, stacklevel=2)
-    database = values["database_path"]
-    if database is not None:
-        database = Path(database).expanduser()
-        if not database.is_absolute():
-            database = project_dir / database
-    values["database_path"] = database
+    values["database_path"] = _project_path(values["database_path"], project_dir)
+    values["backbone_weights"] = _project_path(values["backbone_weights"], project_dir)
     return ProjectConfig(project_dir=project_dir, unknown_keys=unknown, **values)
+
+
+def _project_path(value: str | None, project_dir: Path) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else project_dir / path
 
 
 def load_config(project_dir) -> ProjectConfig:

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
+from deepdanbooru.models.backbone import load_backbone_weights, set_backbone_trainable
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.export import export_model
@@ -89,12 +90,19 @@ def _check_model_shapes(model, plan, source) -> None:
                                     f"has {len(plan.tags)} tags; the output width must equal the tag count"))
 
 
-def _make_model(plan, policy: str) -> keras.Model:
+def _make_model(plan, policy: str, resuming: bool, echo) -> keras.Model:
     """Call inside the strategy scope: every variable must be created there."""
     config = plan.config
     if plan.source_model is None:
         with global_policy(policy):
-            return build_model(config.model, config.input_shape, len(plan.tags), seed=config.seed)
+            model = build_model(config.model, config.input_shape, len(plan.tags), seed=config.seed)
+        # A resumed run takes every weight from its checkpoint.
+        if config.backbone_weights is not None and not resuming:
+            count = load_backbone_weights(model, config.model, config.require_backbone_weights(), config.input_shape)
+            echo(f"Backbone: {count} trunk layers from {config.backbone_weights}; the head starts fresh")
+        return model
+    if config.backbone_weights is not None and not resuming:
+        echo(f"notice: --source-model gives every weight; backbone_weights of {config.config_path} is not used")
     # Loaded outside our control (maybe compiled, maybe another policy): rebuild uncompiled under ours.
     loaded = load_model_file(plan.source_model)
     _check_model_shapes(loaded, plan, plan.source_model)
@@ -140,7 +148,7 @@ class SliceTrainer:
             check_identity(saved, self.identity, self.paths.checkpoints, self.paths.tags, self.config.config_path)
 
         with self.strategy.scope():
-            self.model = _make_model(plan, self.policy)
+            self.model = _make_model(plan, self.policy, bool(self.latest), echo)
             rate = self.config.learning_rate_for_epoch(0)
             self.optimizer, inner = build_optimizer(
                 # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
@@ -222,6 +230,7 @@ class SliceTrainer:
         while c.used_epoch < epochs:
             order = _epoch_order(self.n, self.config.seed, c.random_seed)
             self.optimizer.learning_rate = self.config.learning_rate_for_epoch(c.used_epoch)
+            self._freeze_backbone(c.used_epoch < self.config.freeze_backbone_epochs)
             while c.offset < self.n:
                 self._train_slice(order)
             self._end_epoch()
@@ -298,6 +307,18 @@ class SliceTrainer:
         if every == 0 or c.used_epoch % every == 0:
             self._export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch")
 
+    def _freeze_backbone(self, frozen: bool) -> None:
+        """A function of used_epoch alone, so a resumed run freezes exactly where the first one did.
+
+        The optimizer was built with every variable: its slots and the checkpoint stay the same
+        whether the trunk is frozen or not.
+        """
+        if set_backbone_trainable(self.model, not frozen):
+            # The compiled step captured the trainable variables and batch-norm modes: trace again.
+            self.step.retrace()
+            if frozen:
+                self.echo(f"Backbone frozen for epochs 1 to {self.config.freeze_backbone_epochs}: only the head trains")
+
     # --- checkpoints, exports, safety ---
 
     def _check_finite(self) -> None:
@@ -330,7 +351,13 @@ class SliceTrainer:
         if not self.role.is_chief:
             return  # exports read the mirrored weights without collectives: the chief alone writes them
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
-        written = export_model(self.model, path, float32_copy=copy)
+        # An export is a whole trainable model, also one written while the trunk is frozen.
+        refreeze = set_backbone_trainable(self.model, True)
+        try:
+            written = export_model(self.model, path, float32_copy=copy)
+        finally:
+            if refreeze:
+                set_backbone_trainable(self.model, False)
         if self.validator is not None:
             report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
             write_sidecars(path, self.plan.tags, report)

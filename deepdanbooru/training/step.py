@@ -86,6 +86,10 @@ class TrainStep:
             # converting the step's source cost ~0.8 s of the first step (py-spy, docs/performance.md).
             self._function = tf.function(self._step, input_signature=[element_spec], autograph=False)
 
+    def retrace(self) -> None:
+        """Compile again at the next bind: the model's trainable variables changed."""
+        self._function = None
+
     def __call__(self, batch) -> None:
         self._function(batch)
 

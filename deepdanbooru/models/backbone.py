@@ -1,0 +1,114 @@
+"""The trunk of a tagger: loading its weights from a file (backbone_weights) and freezing it.
+
+Every layer of a model from build_model is trunk except the head: the layers
+named head_* and the output activation.
+
+A weights file is read by the model it was written for, then copied layer by
+layer, in order, into our trunk:
+- .weights.h5 or .h5: for convnext_* and efficientnetv2_*, the keras.applications
+  model with include_top=False (any input size and include_preprocessing;
+  e.g. its ImageNet `_notop.h5`); for resnet_* and vit_*, `build_trunk(name,
+  input_shape)` of this module;
+- .keras: a whole model of the same architecture, e.g. one of our exports
+  trained on other tags (its head is ignored).
+Keras reads the file, so a file of another architecture fails there; the
+layer-by-layer copy then names the first layer whose weights differ in shape.
+"""
+
+from __future__ import annotations
+
+from itertools import zip_longest
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.models.table import get_architecture
+
+
+def is_head(layer) -> bool:
+    return layer.name.startswith("head_") or layer.name == "output"
+
+
+def build_trunk(name: str, input_shape, seed: int = 0) -> keras.Model:
+    """build_model without its head: the model a resnet_* or vit_* backbone_weights file is written from."""
+    from deepdanbooru.models.builder import build_model
+
+    model = build_model(name, input_shape, 1, seed=seed)
+    last = [layer for layer in model.layers if not is_head(layer)][-1]
+    return keras.Model(model.input, last.output, name=f"{name}_trunk")
+
+
+def _reference(name: str, path: Path, input_shape) -> keras.Model:
+    if path.suffix.lower() == ".keras":
+        from deepdanbooru.models.files import load_model_file
+
+        return load_model_file(path)
+    if get_architecture(name).application:
+        from deepdanbooru.models.applications import reference_trunk
+
+        reference = reference_trunk(name, input_shape)
+    else:
+        reference = build_trunk(name, input_shape)
+    reference.load_weights(path)
+    return reference
+
+
+def _flat_layers(model):
+    # keras.applications nest Sequential blocks (ConvNeXt's stem and downsampling); ours are inlined.
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _flat_layers(layer)
+        else:
+            yield layer
+
+
+def _trunk_layers(model):
+    return [layer for layer in _flat_layers(model) if layer.weights and not is_head(layer)]
+
+
+def _squeezed(layer) -> list[tuple[int, ...]]:
+    return [tuple(int(d) for d in weight.shape if d != 1) for weight in layer.weights]
+
+
+def _shapes(layer) -> str:
+    return ", ".join(str(tuple(weight.shape)) for weight in layer.weights) if layer else "nothing"
+
+
+def load_backbone_weights(model: keras.Model, name: str, path, input_shape) -> int:
+    """Copy the trunk weights in `path` into `model`'s trunk; returns the number of layers loaded."""
+    path = Path(path)
+    try:
+        reference = _reference(name, path, input_shape)
+    except ModelError:
+        raise
+    except Exception as error:  # Keras raises anything from OSError to ValueError for a file it cannot read
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        raise ModelError(file_field(path, None, f"cannot be read as {name} trunk weights: {reason}")) from None
+    pairs = list(zip_longest(_trunk_layers(reference), _trunk_layers(model)))
+    for source, target in pairs:
+        if source is None or target is None or _squeezed(source) != _squeezed(target):
+            where = f"layer {target.name!r}" if target else "after the trunk's last layer"
+            found = f"{source.name!r} ({_shapes(source)})" if source else "no more layers"
+            raise ModelError(file_field(path, None, f"does not fit {name}'s trunk: first difference at {where} "
+                                        f"({_shapes(target)}), the file has {found}"))
+    for source, target in pairs:
+        # Equal but for axes of 1: ConvNeXt's LayerScale (C,) is a (1, 1, C, 1) depthwise kernel here.
+        target.set_weights([np.reshape(keras.ops.convert_to_numpy(w), tuple(t.shape))
+                            for w, t in zip(source.weights, target.weights)])
+    return len(pairs)
+
+
+def set_backbone_trainable(model: keras.Model, trainable: bool) -> bool:
+    """Freeze or unfreeze every trunk layer; returns whether anything changed.
+
+    Frozen layers follow Keras' rule: no gradients, and batch normalization
+    runs on its moving statistics.
+    """
+    changed = False
+    for layer in model.layers:
+        if layer.weights and not is_head(layer) and layer.trainable != trainable:
+            layer.trainable = trainable
+            changed = True
+    return changed

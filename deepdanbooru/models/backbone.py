@@ -17,6 +17,7 @@ layer-by-layer copy then names the first layer whose weights differ in shape.
 
 from __future__ import annotations
 
+import warnings
 from itertools import zip_longest
 from pathlib import Path
 
@@ -51,7 +52,17 @@ def _reference(name: str, path: Path, input_shape) -> keras.Model:
         reference = reference_trunk(name, input_shape)
     else:
         reference = build_trunk(name, input_shape)
-    reference.load_weights(path)
+    # Keras skips, with a warning, parts of a .weights.h5 it finds no group for: what is still NaN
+    # afterwards was not in the file.
+    for weight in reference.weights:
+        weight.assign(np.full(tuple(weight.shape), np.nan, dtype=weight.dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference.load_weights(path)
+    for layer in _trunk_layers(reference):
+        if any(np.isnan(keras.ops.convert_to_numpy(weight)).any() for weight in layer.weights):
+            raise ModelError(file_field(path, None, f"does not fit {name}'s trunk: no weights for layer "
+                                        f"{layer.name!r} ({_shapes(layer)})"))
     return reference
 
 

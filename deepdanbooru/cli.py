@@ -248,8 +248,10 @@ def show_model(name, width, height, n_tags, as_json):
     """Build model NAME and print its input and output shapes and parameter counts.
 
     NAME is a project.json `model` value: resnet_152, resnet_custom_v1 to
-    resnet_custom_v4, resnet_small. The defaults are the reference size of
-    the parameter counts in the docs (299x299, 1000 tags).
+    resnet_custom_v4, resnet_small, convnext_tiny, convnext_small,
+    efficientnetv2_b0, efficientnetv2_s, vit_small_patch16 (docs/models.md).
+    The defaults are the reference size of the ResNets' parameter counts in
+    the docs (299x299, 1000 tags).
     """
     from deepdanbooru.models.show import show_model as show
 

@@ -1,4 +1,4 @@
-"""Models: the ResNet table and its one builder, losses, optimizers, model files.
+"""Models: the table (ResNets, ConvNeXt, EfficientNetV2, ViT), its one builder, losses, optimizers, files.
 
     build_model(name, input_shape, n_tags, seed=0) -> keras.Model
     check_model_input(name, input_shape, source=None)      ModelError before building
@@ -7,6 +7,8 @@
     make_loss(name, reduction="sum_over_batch_size") -> keras.losses.Loss
     make_optimizer(name, learning_rate, clipnorm=None, global_clipnorm=None) -> keras.optimizers.Optimizer
     load_model_file(path) -> keras.Model                   .keras, DeepDanbooru 1.0 .h5
+    backbone.load_backbone_weights(model, name, path, input_shape)   backbone_weights
+    backbone.build_trunk(name, input_shape) -> keras.Model  the model a trunk weights file is written from
     count_weights(model) -> (trainable, non_trainable)
 
 `table` is standard library only; everything else imports Keras, so the names

@@ -113,10 +113,10 @@ def minimum_input_size(name: str) -> int:
 
 def _why_too_small(name: str, architecture: Architecture, height: int, width: int) -> str:
     if architecture.application:
-        return f"keras.applications' {architecture.application} takes nothing smaller"
+        return f"(keras.applications' {architecture.application} takes nothing smaller)"
     final = final_feature_size(name, height, width)
-    return (f"its final feature map must be at least {POOL_SIZE}x{POOL_SIZE} for the {POOL_SIZE}x{POOL_SIZE} "
-            f"average pool; {height}x{width} gives {final[0]}x{final[1]}")
+    return (f"(its final feature map must be at least {POOL_SIZE}x{POOL_SIZE} for the {POOL_SIZE}x{POOL_SIZE} "
+            f"average pool); {height}x{width} gives {final[0]}x{final[1]}")
 
 
 def check_model_input(name: str, input_shape, source=None) -> Architecture:
@@ -143,7 +143,7 @@ def check_model_input(name: str, input_shape, source=None) -> Architecture:
     if height < minimum or width < minimum:
         fail("image_width/image_height",
              f"{name} needs an input of at least {minimum}x{minimum} "
-             f"({_why_too_small(name, architecture, height, width)})")
+             f"{_why_too_small(name, architecture, height, width)}")
     return architecture
 
 

@@ -230,7 +230,7 @@ class SliceTrainer:
         while c.used_epoch < epochs:
             order = _epoch_order(self.n, self.config.seed, c.random_seed)
             self.optimizer.learning_rate = self.config.learning_rate_for_epoch(c.used_epoch)
-            self._freeze_backbone(c.used_epoch < self.config.freeze_backbone_epochs)
+            self._freeze_backbone(c.used_epoch)
             while c.offset < self.n:
                 self._train_slice(order)
             self._end_epoch()
@@ -307,17 +307,19 @@ class SliceTrainer:
         if every == 0 or c.used_epoch % every == 0:
             self._export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch")
 
-    def _freeze_backbone(self, frozen: bool) -> None:
+    def _freeze_backbone(self, used_epoch: int) -> None:
         """A function of used_epoch alone, so a resumed run freezes exactly where the first one did.
 
         The optimizer was built with every variable: its slots and the checkpoint stay the same
         whether the trunk is frozen or not.
         """
+        last = self.config.freeze_backbone_epochs
+        frozen = used_epoch < last
         if set_backbone_trainable(self.model, not frozen):
             # The compiled step captured the trainable variables and batch-norm modes: trace again.
             self.step.retrace()
-            if frozen:
-                self.echo(f"Backbone frozen for epochs 1 to {self.config.freeze_backbone_epochs}: only the head trains")
+            self.echo(f"Backbone frozen for epochs 1 to {last}: only the head trains" if frozen
+                      else f"Backbone unfrozen from epoch {used_epoch + 1}: every layer trains")
 
     # --- checkpoints, exports, safety ---
 

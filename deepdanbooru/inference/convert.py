@@ -179,8 +179,20 @@ def to_onnx(model) -> bytes:
     height, width, channels = model.input_shape[1:]
     signature = (tf.TensorSpec((None, height, width, channels), tf.float32, name="image"),)
     with _quiet():
-        proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=ONNX_OPSET)
+        proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=ONNX_OPSET,
+                                              custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, ())})
     return proto.SerializeToString()
+
+
+def _erfc_as_one_minus_erf(ctx, node, name, args):
+    """TensorFlow's exact GELU (ConvNeXt, ViT) computes erfc, which ONNX lacks; erfc(x) = 1 - erf(x)."""
+    from tf2onnx import utils
+
+    dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+    one = ctx.make_const(utils.make_name(f"{name}_one"), np.array(1, dtype=dtype))
+    erf = ctx.make_node("Erf", [node.input[0]])
+    node.type = "Sub"
+    ctx.replace_inputs(node, [one.output[0], erf.output[0]])
 
 
 def run_onnx(content: bytes, images: np.ndarray) -> np.ndarray:

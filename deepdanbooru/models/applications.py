@@ -13,7 +13,8 @@ replayed layer by layer onto our input:
 - ConvNeXt's LayerScale, a private Keras class, becomes a bias-free 1x1
   DepthwiseConv2D initialised to the same constant (the same per-channel
   scale), and its `x + y` op nodes become Add layers, so exports hold only
-  built-in layers;
+  built-in layers; its depthwise convolutions, grouped Conv2D layers there,
+  are DepthwiseConv2D layers (the same weights; ONNX conversion needs it);
 - EfficientNetV2's stochastic depth (Dropout on residual branches) is left
   out: its random state would have to be checkpointed and mirrored to keep
   kill-and-resume exact, and ConvNeXt's default drop rate is 0 anyway;
@@ -100,6 +101,14 @@ class _Replay:
         for key, value in config.items():
             if key.endswith("_initializer") and isinstance(value, dict) and "seed" in value.get("config", {}):
                 value["config"]["seed"] = layer_seed(self.seed, f"{name}/{key}")
+        if entry["class_name"] == "Conv2D" and config["groups"] > 1 and config["groups"] == config["filters"]:
+            # ConvNeXt's depthwise conv, written as a grouped Conv2D: Keras runs grouped convs on a CPU
+            # through XLA, which tf2onnx cannot convert. The same weights as (k, k, C, 1) instead of
+            # (k, k, 1, C), in the same memory order, and the same Glorot fans.
+            return layers.DepthwiseConv2D(
+                config["kernel_size"], strides=config["strides"], padding=config["padding"],
+                use_bias=config["use_bias"], name=name, depthwise_initializer=config["kernel_initializer"],
+                bias_initializer=config["bias_initializer"])
         if entry["class_name"] == "LayerScale":
             return layers.DepthwiseConv2D(
                 1, use_bias=False, name=name,

@@ -82,23 +82,21 @@ def conv_head(x, n_tags, seed):
     return layers.GlobalAveragePooling2D(name="head_pool")(x)
 
 
-def dense_head(x, n_tags, seed):
-    x = layers.AveragePooling2D(POOL_SIZE, padding="valid", name="head_pool")(x)
-    x = layers.Flatten(name="head_flatten")(x)
+def _head_dense(x, n_tags, seed):
     return layers.Dense(
         n_tags,
         kernel_initializer=keras.initializers.GlorotUniform(seed=layer_seed(seed, "head_dense")),
         name="head_dense",
     )(x)
+
+
+def dense_head(x, n_tags, seed):
+    x = layers.AveragePooling2D(POOL_SIZE, padding="valid", name="head_pool")(x)
+    return _head_dense(layers.Flatten(name="head_flatten")(x), n_tags, seed)
 
 
 def pooled_head(x, n_tags, seed):
-    x = layers.GlobalAveragePooling2D(name="head_pool")(x)
-    return layers.Dense(
-        n_tags,
-        kernel_initializer=keras.initializers.GlorotUniform(seed=layer_seed(seed, "head_dense")),
-        name="head_dense",
-    )(x)
+    return _head_dense(layers.GlobalAveragePooling2D(name="head_pool")(x), n_tags, seed)
 
 
 HEADS = {"conv": conv_head, "dense": dense_head, "pooled": pooled_head}

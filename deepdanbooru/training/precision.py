@@ -61,7 +61,9 @@ def with_policy(model: keras.Model, policy: str) -> keras.Model:
 
     def clone(layer):
         config = layer.get_config()
-        config["dtype"] = FLOAT32 if layer.name in outputs else policy
+        # Op nodes (e.g. a ViT's `ops.ones_like`) follow their inputs' dtype and take no policy.
+        if isinstance(layer, keras.layers.Layer):
+            config["dtype"] = FLOAT32 if layer.name in outputs else policy
         return layer.__class__.from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone)

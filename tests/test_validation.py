@@ -59,7 +59,9 @@ def test_validation_schedule_console_and_history(validated):
     assert lines[-2] == "Training complete: 2 epoch(s), 10 steps, 40 samples"
     assert lines[-1] == (f"Final validation (step 10, 4 records): micro-F1 {last['micro_f1']:.4f}, "
                          f"macro-F1 {last['macro_f1']:.4f}, mAP {last['map']:.4f}, loss {last['loss']:.4f}, "
-                         f"MCC {last['mcc']:.4f} at threshold 0.5")
+                         f"MCC {last['mcc']:.4f} at threshold 0.5; P=R at {last['pr_threshold']:g} "
+                         f"(F1 {last['pr_f1']:.4f}), macro-F1 {last['macro_f1_040']:.4f} and "
+                         f"macro-MCC {last['macro_mcc_040']:.4f} at 0.4")
 
 
 def test_every_export_has_thresholds_and_metrics(validated, sample_dataset):

@@ -17,6 +17,7 @@ import click
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.errors import ConfigError, DatasetError, ModelError, UserError, file_field
 from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.tags import load_tags
 
@@ -25,7 +26,8 @@ SPLITS = ("validation", "all")
 # Printed first, in this order; the remaining scalars follow.
 _LEAD = ("loss", "micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall", "macro_f1",
          "map", "mcc", "global_threshold", "global_threshold_precision", "global_threshold_recall",
-         "global_threshold_f1", "calibrated_tags", "calibrated_macro_f1")
+         "global_threshold_f1", "calibrated_tags", "calibrated_macro_f1", "pr_threshold", "pr_f1",
+         "macro_f1_040", "macro_mcc_040")
 
 
 @dataclass
@@ -108,7 +110,8 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     seen = set()
     try:
         metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold,
-                          observe=lambda positions: seen.update(int(p) for p in positions))
+                          observe=lambda positions: seen.update(int(p) for p in positions),
+                          categories=category_indices(tag_categories(tags, config.project_dir)))
     except ValueError as error:
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None
     summary = MetricsSummary(model=files.model, split=split, records=len(paths), result=metrics.result())

@@ -432,6 +432,31 @@ def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_
             output_format=output_format, tolerance=tolerance, sample_images=sample_images, echo=click.echo)
 
 
+@main.command("export-bundle")
+@click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("save_path", type=click.Path(dir_okay=True, file_okay=False, path_type=str))
+@click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
+              help="The model to bundle [default: the project's final export].")
+@click.option("--split", type=click.Choice(["validation", "all"]), default="validation", show_default=True,
+              help="Records the thresholds and metrics.json are measured on.")
+@click.option("--start-id", type=int, help="Only posts with id >= this.")
+@click.option("--end-id", type=int, help="Only posts with id <= this.")
+@click.option("--overwrite", is_flag=True, help="Replace the bundle files in SAVE_PATH.")
+@_ALLOW_GPU
+@_BATCH_SIZE
+def export_bundle(project_path, save_path, model_path, split, start_id, end_id, overwrite, allow_gpu, batch_size):
+    """Write SAVE_PATH as a WD-tagger-style bundle for today's tagger tools.
+
+    model.onnx (BGR 0-255 white-padded square input, conversion folded in),
+    selected_tags.csv, thresholds.csv, metrics.json and preprocess.json; see
+    docs/evaluation.md. Needs the optional packages: pip install 'deepdanbooru[onnx]'.
+    """
+    from deepdanbooru.inference.bundle import export_bundle as export
+
+    export(project_path, save_path, model_path=model_path, split=split, start_id=start_id, end_id=end_id,
+           overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
+
+
 def run():
     """The console entry point (and `python -m deepdanbooru`).
 

@@ -97,13 +97,18 @@ def train_project(project_path, source_model, force_mixed_precision, devices):
 @click.option("--probe-imports", is_flag=True, help="Import each runtime package in a child process.")
 @click.option("--probe-tensorflow", is_flag=True,
               help="Run TensorFlow in a child process: compute on the CPU, decode the sampled images.")
+@click.option("--check-duplicates", is_flag=True,
+              help="Read every eligible image: identical files and near-identical pictures (dHash) on both sides "
+                   "of the validation split.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.pass_context
-def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, as_json):
+def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, check_duplicates,
+              as_json):
     """Read-only checks of PROJECT_PATH before training. Exit 0: all good, 1: a check failed."""
     from deepdanbooru.preflight.main import report, training_preflight
 
-    results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow)
+    results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow,
+                                 check_duplicates)
     ctx.exit(report(project_path, results, as_json, echo=click.echo))
 
 
@@ -133,6 +138,12 @@ def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
     click.echo(f"Use it in a project: set database_path to {database.resolve()} and copy tags.txt beside project.json")
 
 
+_GROUP_DUPLICATES = click.option(
+    "--group-duplicates", is_flag=True,
+    help="Read every image and give identical or near-identical pictures (64-bit dHash within 4 bits) a shared "
+         "split_id, so each group lands on one side of the validation split (new datasets; docs/datasets.md).")
+
+
 @main.command("make-training-database")
 @click.argument("source_path", type=click.Path(exists=True, dir_okay=False, path_type=str))
 @click.argument("output_path", type=click.Path(dir_okay=False, path_type=str))
@@ -143,7 +154,9 @@ def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
               help="Posts read and written per step; bounds memory.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT_PATH.")
 @click.option("--vacuum", is_flag=True, help="Run VACUUM on the output before it is put in place.")
-def make_training_database(source_path, output_path, start_id, end_id, use_deleted, chunk_size, overwrite, vacuum):
+@_GROUP_DUPLICATES
+def make_training_database(source_path, output_path, start_id, end_id, use_deleted, chunk_size, overwrite, vacuum,
+                           group_duplicates):
     """Copy posts of SOURCE_PATH into a training database OUTPUT_PATH.
 
     Appends the system tag rating:general/sensitive/questionable/explicit for
@@ -155,7 +168,7 @@ def make_training_database(source_path, output_path, start_id, end_id, use_delet
 
     make(source_path, output_path, start_id=start_id, end_id=end_id, use_deleted=use_deleted,
          chunk_size=chunk_size, overwrite=overwrite, vacuum=vacuum, echo=click.echo,
-         progress=lambda line: click.echo(line, err=True))
+         progress=lambda line: click.echo(line, err=True), group_duplicates=group_duplicates)
 
 
 @main.command("download-tags")
@@ -190,7 +203,8 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
 @click.option("--link", is_flag=True, help="Hard-link images instead of copying them (same file system only).")
 @click.option("--extensions", default="png,jpg,jpeg,gif,webp,bmp", show_default=True,
               help="Comma-separated image file extensions to pick up.")
-def import_images(src, dataset, link, extensions):
+@_GROUP_DUPLICATES
+def import_images(src, dataset, link, extensions, group_duplicates):
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
     A sidecar IMAGE.txt (or IMAGE.ext.txt) holds comma- or space-separated
@@ -204,7 +218,7 @@ def import_images(src, dataset, link, extensions):
     """
     from deepdanbooru.tools.import_images import import_images as run_import
 
-    run_import(src, dataset, link=link, extensions=extensions, echo=click.echo,
+    run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
                warn=lambda line: click.echo(line, err=True))
 
 

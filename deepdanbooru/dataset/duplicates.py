@@ -142,3 +142,55 @@ def crossing(identical, near, is_validation, validation_total: int, hashed: bool
     close = crossing_pairs(set(near) - set(identical))
     leaked = {a if is_validation(a) else b for a, b in same + close}
     return CrossingReport(len(same), len(close), len(leaked), validation_total, hashed)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    groups: int  # groups of two or more posts
+    posts: int  # posts in those groups
+    unread: int  # image files that could not be read (compared by their row only)
+    hashed: bool  # whether near-identical pictures were looked for (Pillow present)
+
+
+def group_duplicates(connection, images_dir, max_distance: int = DEFAULT_MAX_DISTANCE) -> GroupSummary:
+    """Give every post of a group of identical or near-identical pictures the group's smallest id as split_id.
+
+    training.split then hashes that id instead of each post's own, so a group
+    lands on one side of the validation split, whatever the fraction and seed.
+    Meant for a database being built: the posts of a run already started
+    would change sides. The caller commits.
+    """
+    from deepdanbooru.dataset.records import SPLIT_COLUMN, check_md5, image_path
+    from deepdanbooru.errors import UserError
+
+    rows = connection.execute("SELECT id, md5, file_ext FROM posts WHERE typeof(id) = 'integer'").fetchall()
+    hashed = pillow_available()
+    content, hashes, unread = {}, {}, 0
+    for row_id, md5, ext in rows:
+        content[row_id] = (md5, ext)  # rows naming one file are identical even when it cannot be read
+        try:
+            path = image_path(images_dir, check_md5(md5, row_id, ""), ext)
+            content[row_id] = file_md5(path)
+            if hashed:
+                hashes[row_id] = dhash(path)
+        except (UserError, OSError, ValueError, SyntaxError):  # SyntaxError: Pillow on some broken files
+            unread += 1
+    group_of = groups([row[0] for row in rows], identical_pairs(content) | near_pairs(hashes, max_distance))
+    present = {row[1] for row in connection.execute("PRAGMA table_info(posts)")}
+    if SPLIT_COLUMN not in present:
+        connection.execute(f"ALTER TABLE posts ADD COLUMN {SPLIT_COLUMN} INTEGER")
+    moved = [(root, key) for key, root in group_of.items() if root != key]
+    connection.executemany(f"UPDATE posts SET {SPLIT_COLUMN} = ? WHERE id = ?", moved)
+    roots = {root for root, _ in moved}
+    return GroupSummary(len(roots), len(roots) + len(moved), unread, hashed)
+
+
+def describe(summary: GroupSummary, max_distance: int = DEFAULT_MAX_DISTANCE) -> str:
+    what = f"identical or near-identical (dHash within {max_distance} bits)" if summary.hashed else "identical"
+    line = (f"Grouped {summary.posts} posts in {summary.groups} groups of {what} pictures onto one side of the "
+            "validation split (posts.split_id)")
+    if not summary.hashed:
+        line += "; Pillow is not installed, so near-identical pictures were not looked for"
+    if summary.unread:
+        line += f"; {summary.unread} image(s) could not be read and were compared by file name only"
+    return line

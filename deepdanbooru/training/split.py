@@ -1,7 +1,8 @@
 """Training / validation split decided by each post id alone.
 
 A record's side depends only on (seed, post id), never on its index or on
-how many rows the database has, so adding posts later does not move any
+how many rows the database has (a database built with --group-duplicates
+gives copies of one picture a shared `split_id`, hashed instead of the id), so adding posts later does not move any
 existing post across the split, and training never sees a validation post.
 """
 
@@ -37,6 +38,6 @@ def validation_mask(ids, validation_fraction: float, seed: int) -> np.ndarray:
 
 def split_records(records: Records, validation_fraction: float, seed: int) -> tuple[Records, Records]:
     """(training, validation) subsets of `records`, each still in id order."""
-    mask = validation_mask(records.ids, validation_fraction, seed)
+    mask = validation_mask(records.split_keys, validation_fraction, seed)
     indices = np.arange(len(records))
     return records.subset(indices[~mask].tolist()), records.subset(indices[mask].tolist())

@@ -385,7 +385,7 @@ def check_duplicates(run: Run):
     if not run.eligible:
         raise _Skip("no eligible posts")
     if config.validation_fraction <= 0:
-        raise _Skip("validation_fraction is 0: no validation split")
+        return PASS, "validation_fraction is 0: no validation split for duplicates to leak into"
     sql, _ = records.eligible_query(config.image_extensions)
     rows = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count)).fetchall()
     split_keys = records.split_keys(connection, config.database_path)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 from collections import Counter
 
 import numpy as np
@@ -58,6 +59,7 @@ def bundled(tmp_path_factory, sample_dataset):
     return project, bundle, result
 
 
+@pytest.mark.slow
 @needs_onnx
 def test_bundle_files_and_tag_table(bundled, sample_dataset):
     import sqlite3
@@ -66,6 +68,9 @@ def test_bundle_files_and_tag_table(bundled, sample_dataset):
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in bundle.iterdir()) == ["metrics.json", "model.onnx", "preprocess.json",
                                                         "selected_tags.csv", "thresholds.csv"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in bundle.iterdir()} == {0o666 & ~umask}  # shareable, as open() makes
     database, tags = sample_dataset
     with open(bundle / "selected_tags.csv", newline="") as stream:
         rows = list(csv.DictReader(stream))
@@ -108,6 +113,7 @@ def tool_preprocess(path, size):
     return np.asarray(square, dtype=np.float32)[:, :, ::-1]
 
 
+@pytest.mark.slow
 @needs_onnx
 def test_a_tool_gets_the_tags_and_scores_of_evaluate(bundled, sample_dataset, tmp_path):
     from PIL import Image
@@ -143,6 +149,7 @@ def test_a_tool_gets_the_tags_and_scores_of_evaluate(bundled, sample_dataset, tm
     assert np.ptp(tool_scores, axis=0).max() > 1e-3  # the scores depend on the image: agreement means something
 
 
+@pytest.mark.slow
 @needs_onnx
 def test_existing_bundle_needs_overwrite_and_non_square_models_are_refused(bundled, tmp_path):
     project, bundle, result = bundled

@@ -295,6 +295,17 @@ _FORMAT = click.option("--format", "output_format", default="text", show_default
                             "csv: path,tag,score rows.")
 
 
+def _record_options(when: str):
+    """--split, --start-id, --end-id: which of the project's labelled posts a model is measured on."""
+    def decorate(command):
+        command = click.option("--end-id", type=int, help=f"{when}only posts with id <= this.")(command)
+        command = click.option("--start-id", type=int, help=f"{when}only posts with id >= this.")(command)
+        return click.option("--split", type=click.Choice(["validation", "all"]), default="validation",
+                            show_default=True,
+                            help=f"{when}the project's validation split, or every eligible post.")(command)
+    return decorate
+
+
 def _exit_if_skipped(summary):
     if summary.skipped:
         # Exit code 1: the run finished but not every image was tagged (2 is a usage/input error).
@@ -349,10 +360,7 @@ _METRICS_ONLY = ("model", "split", "start_id", "end_id", "as_json")
                    "validation metrics (docs/metrics.md).")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=str),
               help="With --metrics: the model file to measure [default: the project's final export].")
-@click.option("--split", type=click.Choice(["validation", "all"]), default="validation", show_default=True,
-              help="With --metrics: the project's validation split, or every eligible post.")
-@click.option("--start-id", type=int, help="With --metrics: only posts with id >= this.")
-@click.option("--end-id", type=int, help="With --metrics: only posts with id <= this.")
+@_record_options("With --metrics: ")
 @click.option("--json", "as_json", is_flag=True, help="With --metrics: print one JSON object.")
 @click.pass_context
 def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow_gpu, output_format, batch_size,
@@ -451,10 +459,7 @@ def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_
 @click.argument("save_path", type=click.Path(dir_okay=True, file_okay=False, path_type=str))
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="The model to bundle [default: the project's final export].")
-@click.option("--split", type=click.Choice(["validation", "all"]), default="validation", show_default=True,
-              help="Records the thresholds and metrics.json are measured on.")
-@click.option("--start-id", type=int, help="Only posts with id >= this.")
-@click.option("--end-id", type=int, help="Only posts with id <= this.")
+@_record_options("Thresholds and metrics: ")
 @click.option("--overwrite", is_flag=True, help="Replace the bundle files in SAVE_PATH.")
 @_ALLOW_GPU
 @_BATCH_SIZE

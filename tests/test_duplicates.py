@@ -1,7 +1,6 @@
 """Duplicates across the validation split: the hashes, the preflight report on planted duplicates, and grouping."""
 
 import json
-import shutil
 import sqlite3
 
 import numpy as np

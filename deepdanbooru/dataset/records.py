@@ -137,7 +137,8 @@ def split_keys(connection, source=None) -> dict[int, int]:
     keys = {}
     for row_id, key in connection.execute(f"SELECT id, {SPLIT_COLUMN} FROM posts WHERE {SPLIT_COLUMN} IS NOT NULL"):
         if not isinstance(key, int):
-            raise DatasetError(file_field(source, f"posts row id {row_id}", f"{SPLIT_COLUMN} {key!r} is not an integer"))
+            raise DatasetError(file_field(source, f"posts row id {row_id}",
+                                          f"{SPLIT_COLUMN} {key!r} is not an integer"))
         keys[row_id] = key
     return keys
 

@@ -72,12 +72,6 @@ def selected_tags_csv(tags, categories, counts, order) -> str:
     return buffer.getvalue()
 
 
-def read_selected_tags(path) -> list[tuple[str, int]]:
-    """(name, category) rows of a selected_tags.csv, as a tool reads them."""
-    with open(path, newline="", encoding="utf-8") as stream:
-        return [(row["name"], int(row["category"])) for row in csv.DictReader(stream)]
-
-
 def category_thresholds(result: dict) -> dict:
     """The general and character thresholds of the bundle: each category's P=R point (docs/metrics.md);
     without categories.json the overall P=R point serves as the general one."""
@@ -133,7 +127,8 @@ def _check_destination(directory: Path, overwrite: bool) -> None:
         return
     present = [name for name in BUNDLE_FILES if (directory / name).exists()]
     if present:
-        raise UserError(file_field(directory / present[0], None, "already exists; use --overwrite to replace the bundle"))
+        raise UserError(file_field(directory / present[0], None,
+                                   "already exists; use --overwrite to replace the bundle"))
 
 
 def export_bundle(project_path, directory, *, model_path=None, split="validation", start_id=None, end_id=None,

@@ -125,7 +125,6 @@ class CrossingReport:
     identical: int  # pairs of identical images with one on each side
     near: int  # pairs of near-identical (not identical) images with one on each side
     validation_images: int  # validation images with at least one copy in training
-    validation_total: int
     hashed: bool  # whether near-identical images were looked for
 
     @property
@@ -133,7 +132,7 @@ class CrossingReport:
         return self.identical + self.near
 
 
-def crossing(identical, near, is_validation, validation_total: int, hashed: bool) -> CrossingReport:
+def crossing(identical, near, is_validation, hashed: bool) -> CrossingReport:
     """Count the pairs of `identical` and `near` (sets of (a, b) ids) whose ids fall on different sides."""
     def crossing_pairs(pairs):
         return [(a, b) for a, b in pairs if is_validation(a) != is_validation(b)]
@@ -141,7 +140,7 @@ def crossing(identical, near, is_validation, validation_total: int, hashed: bool
     same = crossing_pairs(identical)
     close = crossing_pairs(set(near) - set(identical))
     leaked = {a if is_validation(a) else b for a, b in same + close}
-    return CrossingReport(len(same), len(close), len(leaked), validation_total, hashed)
+    return CrossingReport(len(same), len(close), len(leaked), hashed)
 
 
 @dataclass(frozen=True)

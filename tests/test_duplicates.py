@@ -176,3 +176,29 @@ def test_import_images_groups_near_duplicates_in_a_new_dataset_only(tmp_path):
     assert len(rows) == 1 and rows[0][1] < rows[0][0]
     again = run_cli("import-images", source, tmp_path / "dataset", "--group-duplicates")
     assert again.exit_code == 2 and "applies to a new dataset only" in again.output
+
+
+def test_a_run_started_before_grouping_keeps_its_split(planted, tmp_path):
+    from deepdanbooru.training.split import records_hash, split_for_run, split_records
+
+    project, copies = planted
+    source = tmp_path / "dataset" / "dataset.sqlite"
+    grouped = tmp_path / "dataset" / "grouped.sqlite"
+    assert run_cli("make-training-database", source, grouped, "--group-duplicates").exit_code == 0
+    records = load_records(grouped, 1)
+    by_id_train, by_id_validation = split_records(load_records(source, 1), FRACTION, SEED)
+    group_train, group_validation = split_records(records, FRACTION, SEED)
+    assert set(group_validation.ids) != set(by_id_validation.ids)  # grouping moved the copies
+
+    def validation_ids(state):
+        train, validation, note = split_for_run(records, FRACTION, SEED, state)
+        return set(validation.ids), note
+
+    # A fresh run, or one started on the grouped database: the grouped split.
+    assert validation_ids(None) == (set(group_validation.ids), None)
+    assert validation_ids({"records_hash": records_hash(group_train)}) == (set(group_validation.ids), None)
+    # A run started on the database before it had split_id (or before state.json had the hash): its split.
+    for state in ({"records_hash": records_hash(by_id_train)}, {"used_epoch": 1}):
+        ids, note = validation_ids(state)
+        assert ids == set(by_id_validation.ids)
+        assert "posts.split_id is ignored for this run" in note

@@ -49,7 +49,8 @@ def _echo_err(message: str) -> None:
 
 def select_records(config, split: str, start_id: int | None = None, end_id: int | None = None) -> Records:
     """The project's eligible records of `split`, limited to start_id <= id <= end_id."""
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.project.paths import ProjectPaths
+    from deepdanbooru.training.split import saved_run_state, split_for_run
 
     if split not in SPLITS:
         raise UserError(f"--split: must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -63,7 +64,9 @@ def select_records(config, split: str, start_id: int | None = None, end_id: int 
                 config.config_path, "validation_fraction",
                 "is 0, so the project has no validation split; use --split all (with --start-id/--end-id "
                 "to pick records), or set the fraction the model was trained with"))
-        _, records = split_records(records, config.validation_fraction, config.seed)
+        # The trainer's split, also for a run that keeps its split by post id.
+        _, records, _ = split_for_run(records, config.validation_fraction, config.seed,
+                                      saved_run_state(ProjectPaths(config.project_dir).checkpoints))
     low = start_id if start_id is not None else -(1 << 63)
     high = end_id if end_id is not None else (1 << 63) - 1
     chosen = [index for index, post_id in enumerate(records.ids) if low <= post_id <= high]

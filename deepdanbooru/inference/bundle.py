@@ -142,7 +142,6 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
 
     directory = Path(directory)
     _check_destination(directory, overwrite)
-    require_onnx("export-bundle")
     config = load_config(project_path)
     tags = load_tags(config.project_dir / "tags.txt")
     categories = cat.tag_categories(tags, config.project_dir)
@@ -151,8 +150,10 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
     counts = tag_counts(tags, records.tag_strings)
     order = bundle_order(categories)
 
-    from deepdanbooru.inference.project_metrics import project_metrics
+    from deepdanbooru.inference.project_metrics import project_metrics, select_records
 
+    select_records(config, split, start_id, end_id)  # a split without records fails before the conversion
+    require_onnx("export-bundle")  # imports TensorFlow (tf2onnx does): after the checks that do not need it
     content, difference, samples, (height, width) = _convert(files.model, order, FLOAT_TOLERANCE, directory)
     echo(f"Measuring {files.model} on the {split} split ...")
     summary = project_metrics(project_path, model_path=model_path, split=split, start_id=start_id, end_id=end_id,

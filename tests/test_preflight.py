@@ -384,6 +384,18 @@ def test_validate_project_config_checks_paths_only_when_asked(project):
     assert "database_path: file not found" in detail(results, "paths")
 
 
+def test_check_paths_wants_backbone_weights_until_a_checkpoint_exists(project):
+    config = json.loads((project / "project.json").read_text())
+    (project / "project.json").write_text(json.dumps(dict(config, backbone_weights="trunk.weights.h5")))
+    results = validate_project_config(project, check_paths=True)
+    assert statuses(results)["paths"] == "FAIL"
+    assert f"{project / 'project.json'}: backbone_weights: file not found: {project / 'trunk.weights.h5'}" \
+        in detail(results, "paths")
+    (project / "checkpoints").mkdir(exist_ok=True)
+    (project / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    assert statuses(validate_project_config(project, check_paths=True))["paths"] == "PASS"
+
+
 # --- packages ---------------------------------------------------------------------------
 
 

@@ -122,6 +122,9 @@ def check_paths(run: Run):
     images = database.parent / records.IMAGES_DIR
     if not images.is_dir():
         return FAIL, f"{images}: images folder not found beside the database"
+    # Read only when a run starts from scratch; a resumed run does not need the file.
+    if not (run.paths.checkpoints / "checkpoint").is_file():
+        config.require_backbone_weights()
     return PASS, f"database {database} and images folder {images} exist"
 
 

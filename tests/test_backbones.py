@@ -259,6 +259,31 @@ def test_application_weights_file_loads_into_the_trunk(tmp_path):
         np.testing.assert_array_equal(ours, fresh)
     assert sum(1 for layer in model.layers if layer.weights and not is_head(layer)) == \
         sum(1 for layer in application.layers if layer.weights)
+    _assert_same_trunk_output(model, "top_activation", keras.applications.EfficientNetV2B0, path)
+
+
+def _assert_same_trunk_output(model, last, application, path):
+    """Our trunk on [0, 1] computes what the application, its own preprocessing on, computes on [0, 255]."""
+    reference = application(include_top=False, weights=None, input_shape=model.input_shape[1:],
+                            include_preprocessing=True)
+    reference.load_weights(path)
+    ours = keras.Model(model.input, model.get_layer(last).output)
+    x = np.random.default_rng(0).uniform(size=(2, *model.input_shape[1:])).astype(np.float32)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(x)), keras.ops.convert_to_numpy(reference(x * 255)),
+                               atol=5e-5)
+
+
+@pytest.mark.slow
+def test_convnext_from_a_legacy_h5_like_the_imagenet_notop_files(tmp_path):
+    """The application's LayerScale and grouped convs land in our depthwise layers; its output is ours."""
+    from deepdanbooru.models.backbone import load_backbone_weights
+
+    path = tmp_path / "convnext_tiny_notop.h5"
+    # Keras 3 still writes the legacy whole-model .h5; its weights are read like a `_notop.h5`.
+    keras.applications.ConvNeXtTiny(include_top=False, weights=None, input_shape=(32, 32, 3)).save(path)
+    model = build_model("convnext_tiny", (32, 32, 3), 4, seed=0)
+    assert load_backbone_weights(model, "convnext_tiny", path, (32, 32, 3)) == 99
+    _assert_same_trunk_output(model, "convnext_tiny_layer_normalization_0", keras.applications.ConvNeXtTiny, path)
 
 
 def test_mismatching_weights_name_the_file_and_the_first_layer(tmp_path):
@@ -273,6 +298,14 @@ def test_mismatching_weights_name_the_file_and_the_first_layer(tmp_path):
         load_backbone_weights(model, "resnet_small", path, (32, 32, 3))
     assert str(caught.value) == (f"{path}: does not fit resnet_small's trunk: first difference at layer 'stem_conv' "
                                  "((7, 7, 3, 16)), the file has 'stem_conv' ((7, 7, 3, 8))")
+    # A .keras model of the architecture trained on other tags: its trunk, our fresh head.
+    donor = build_model("resnet_small", (32, 32, 3), 7, seed=9)
+    donor.save(tmp_path / "donor.keras")
+    fresh_head = model.get_layer("head_conv").get_weights()[0]
+    load_backbone_weights(model, "resnet_small", tmp_path / "donor.keras", (32, 32, 3))
+    np.testing.assert_array_equal(model.get_layer("stage4_block1_3_conv").get_weights()[0],
+                                  donor.get_layer("stage4_block1_3_conv").get_weights()[0])
+    np.testing.assert_array_equal(model.get_layer("head_conv").get_weights()[0], fresh_head)
     trunk = tmp_path / "small.weights.h5"
     build_trunk("resnet_small", (32, 32, 3), seed=4).save_weights(trunk)
     with pytest.raises(ModelError, match=rf"^{trunk}: cannot be read as efficientnetv2_b0 trunk weights: "):

@@ -207,15 +207,19 @@ def test_each_family_builds_and_steps_under_mixed_precision():
 
 
 @pytest.mark.slow
-def test_two_logical_devices_train_efficientnet(tmp_path, sample_dataset):
-    """MirroredStrategy over two logical CPUs; EfficientNetV2 is the family with batch norm to synchronize."""
-    project = make_project(tmp_path / "mirrored", *sample_dataset, model="efficientnetv2_b0", epoch_count=1,
-                           checkpoint_frequency_mb=6)
+@pytest.mark.parametrize("name", ["efficientnetv2_b0", "vit_small_patch16"])
+def test_two_logical_devices_train(tmp_path, sample_dataset, name):
+    """MirroredStrategy over two logical CPUs: EfficientNetV2 has batch norm to synchronize, the ViT op
+    nodes and attention (ConvNeXt has neither, only layers the ResNets' tests already cover mirrored)."""
+    height, width, _ = FAMILIES[name]
+    project = make_project(tmp_path / "mirrored", *sample_dataset, model=name, epoch_count=1,
+                           image_height=height, image_width=width, checkpoint_frequency_mb=6)
     result = subprocess.run([sys.executable, "-m", "deepdanbooru", "train-project", str(project)],
                             capture_output=True, text=True, env=dict(cli_env(), DEEPDANBOORU_LOGICAL_CPUS="2"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Devices: MirroredStrategy: 2 replicas (CPU:0, CPU:1)" in result.stdout
-    assert (project / "model-efficientnetv2_b0.keras").is_file()
+    assert "Training complete: 1 epoch(s), 6 steps, 24 samples" in result.stdout
+    assert (project / f"model-{name}.keras").is_file()
 
 
 # --- backbone_weights and freeze_backbone_epochs ---

@@ -150,8 +150,9 @@ def check_model_input(name: str, input_shape, source=None) -> Architecture:
 def parameter_counts(name: str, input_shape, n_tags: int) -> tuple[int, int]:
     """(trainable, non_trainable) of build_model(name, input_shape, n_tags), computed from the table.
 
-    The ResNets here, the other families in models.counts. Batch norm has 2 trainable (gamma, beta) and 2 non-trainable (moving mean,
-    variance) weights per channel; convolutions have no bias.
+    The ResNets here, the other families in models.counts. Batch norm has 2
+    trainable (gamma, beta) and 2 non-trainable (moving mean, variance)
+    weights per channel; the ResNets' convolutions have no bias.
     """
     architecture = check_model_input(name, input_shape)
     if architecture.family != "resnet":

@@ -66,8 +66,9 @@ def trunk(name: str, image, seed: int):
     grid = (height // patch, width_px // patch)
     # The usual ViT input scaling: [0, 1] to [-1, 1].
     x = layers.Rescaling(2.0, offset=-1.0, name="preprocess")(image)
+    patch_seed = layer_seed(seed, "vit_patch_embedding")
     x = layers.Conv2D(width, patch, strides=patch, padding="valid", name="vit_patch_embedding",
-                      kernel_initializer=keras.initializers.LecunNormal(seed=layer_seed(seed, "vit_patch_embedding")))(x)
+                      kernel_initializer=keras.initializers.LecunNormal(seed=patch_seed))(x)
     x = layers.Reshape((grid[0] * grid[1], width), name="vit_tokens")(x)
     x = _position_embedding(x, grid[0] * grid[1], width, seed)
     for index in range(depth):

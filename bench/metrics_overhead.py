@@ -17,7 +17,7 @@ threshold_counts on a [batch, tags] score matrix, repeated 200 times inside
 one graph (so no per-call overhead counts; each repetition also perturbs the
 scores once, so the figure is an upper bound), as a share of the step.
 
-Also: validation throughput (training.validation.BatchScorer plus
+Also: validation throughput (scoring.scorer.BatchScorer plus
 ValidationMetrics.update on the host, i.e. everything after decoding) against
 the training step's.
 
@@ -71,8 +71,8 @@ def _batch(size, batch, n_tags):
 def measure_tags(args, n_tags: int) -> dict:
     import tensorflow as tf
 
-    from deepdanbooru.training.metrics import ValidationMetrics
-    from deepdanbooru.training.validation import BatchScorer
+    from deepdanbooru.scoring.metrics import ValidationMetrics
+    from deepdanbooru.scoring.scorer import BatchScorer
 
     element = _batch(args.size, args.batch, n_tags)
     strategy = tf.distribute.get_strategy()

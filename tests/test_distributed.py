@@ -35,7 +35,7 @@ from train_helpers import cli_env, make_project, train_command, weights
 
 from deepdanbooru.cli import main
 from deepdanbooru.errors import ConfigError, TrainingError
-from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices
+from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices
 from deepdanbooru.training.sharding import shard_offsets
 
 TOLERANCE = 1e-5
@@ -134,7 +134,7 @@ def test_workers_that_see_another_setup_are_refused():
 
 
 def test_replicated_runs_turn_onednn_off_before_tensorflow_loads():
-    from deepdanbooru.training.cluster import prepare_tensorflow
+    from deepdanbooru.runstate.cluster import prepare_tensorflow
 
     lone, cluster, split = {}, {}, {"DEEPDANBOORU_LOGICAL_CPUS": "2"}
     prepare_tensorflow(ClusterRole(), lone)

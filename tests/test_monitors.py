@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from deepdanbooru.training.best import BestModelMonitor, BestState, best_json_path
 from deepdanbooru.training.history import HistoryMonitor, read_history, truncate_history
-from deepdanbooru.training.metrics import ValidationMetrics
+from deepdanbooru.scoring.metrics import ValidationMetrics
 from deepdanbooru.training.monitors import (
     ConsoleMonitor,
     Progress,
@@ -352,7 +352,7 @@ def test_console_without_validation_ends_with_training_complete(tmp_path):
 def _one_step_update(policy: str, clip, learning_rate=0.1) -> float:
     """Norm of the change of all weights after one SGD step of the trainer's TrainStep on a tiny model."""
     from deepdanbooru.models import make_optimizer
-    from deepdanbooru.training.precision import MIXED, global_policy
+    from deepdanbooru.models.precision import MIXED, global_policy
     from deepdanbooru.training.step import TrainStep, build_optimizer
 
     keras.utils.set_random_seed(0)

@@ -8,7 +8,7 @@ import pytest
 
 from deepdanbooru.models import build_model
 from deepdanbooru.training.export import export_model, remove_partial_exports, save_atomic
-from deepdanbooru.training.precision import FLOAT32, MIXED, global_policy, with_policy
+from deepdanbooru.models.precision import FLOAT32, MIXED, global_policy, with_policy
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from train_helpers import make_project
 
-from deepdanbooru.training.precision import FLOAT32, FORCE_ENV, MIXED, choose_policy
+from deepdanbooru.models.precision import FLOAT32, FORCE_ENV, MIXED, choose_policy
 from deepdanbooru.training.train import train_project
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from deepdanbooru import __version__
 from deepdanbooru.dataset.build import SYSTEM_TAGS
 from deepdanbooru.errors import NetworkError, UserError, file_field
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 
 DEFAULT_BASE_URL = "https://danbooru.donmai.us"
 PAGE_SIZE = 1000  # the API's largest page

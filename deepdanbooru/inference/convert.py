@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from deepdanbooru.errors import ModelError, UserError, file_field
-from deepdanbooru.project.create import write_bytes_atomic
+from deepdanbooru.fileio import write_bytes_atomic
 
 FORMATS = ("tflite", "onnx")
 # Float conversions reorder a few float32 operations: differences of ~1e-6 were measured.
@@ -116,7 +116,7 @@ def _float32_model(model):
     """A float32 copy of a mixed-precision model: converters and runtimes do float32 best."""
     if all(getattr(layer.dtype_policy, "compute_dtype", "float32") == "float32" for layer in model.layers):
         return model
-    from deepdanbooru.training.precision import with_policy
+    from deepdanbooru.models.precision import with_policy
 
     return with_policy(model, "float32")
 

@@ -11,7 +11,7 @@ import click
 from deepdanbooru.inference.model_files import resolve_model_files
 from deepdanbooru.inference.output import FORMATS, caption, make_writer, select_tags, threshold_vector
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.tags import load_tags
 
 

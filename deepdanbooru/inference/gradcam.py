@@ -25,7 +25,7 @@ import tensorflow as tf
 from PIL import Image
 
 from deepdanbooru.errors import ModelError
-from deepdanbooru.project.create import write_bytes_atomic
+from deepdanbooru.fileio import write_bytes_atomic
 from deepdanbooru.inference.model_files import resolve_model_files
 from deepdanbooru.inference.names import UniqueNames
 from deepdanbooru.inference.predict import configure_devices, load_tagger

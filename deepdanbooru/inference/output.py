@@ -12,7 +12,7 @@ import json
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.training.thresholds import read_thresholds_csv
+from deepdanbooru.scoring.thresholds import read_thresholds_csv
 
 FORMATS = ("text", "json", "csv")
 

@@ -26,7 +26,7 @@ def configure_devices(allow_gpu: bool) -> list[str]:
         except RuntimeError:
             if tf.config.get_visible_devices("GPU"):
                 warnings.warn("TensorFlow was already initialised with a GPU visible; it stays in use")
-    from deepdanbooru.training.strategy import tune_graph_optimizer
+    from deepdanbooru.tfruntime import tune_graph_optimizer
 
     tune_graph_optimizer()
     return [f"{device.device_type}:{device.name.rsplit(':', 1)[-1]}" for device in tf.config.get_visible_devices()]

@@ -1,7 +1,7 @@
 """evaluate-project --metrics: a saved model's validation metrics over a project's records.
 
 The records, preprocessing, loss and metrics are the trainer's own
-(training.split, pipeline.inference_dataset, training.validation), so the
+(scoring.split, pipeline.inference_dataset, scoring.scorer), so the
 figures of an export match those in its `*.metrics.json` and let a user
 compare exports, or any model, on the same images.
 """
@@ -47,7 +47,7 @@ def _echo_err(message: str) -> None:
 
 def select_records(config, split: str, start_id: int | None = None, end_id: int | None = None) -> Records:
     """The project's eligible records of `split`, limited to start_id <= id <= end_id."""
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.scoring.split import split_records
 
     if split not in SPLITS:
         raise UserError(f"--split: must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -95,7 +95,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.pipeline import diagnose, inference_dataset
-    from deepdanbooru.training.validation import BatchScorer, measure
+    from deepdanbooru.scoring.scorer import BatchScorer, measure
 
     configure_devices(allow_gpu)
     model = load_model_file(files.model)
@@ -122,7 +122,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
 
     ids = (records.ids[0], records.ids[-1])
     if as_json:
-        from deepdanbooru.training.metrics import json_ready
+        from deepdanbooru.scoring.metrics import json_ready
 
         echo(json.dumps(json_ready({
             "model": str(files.model), "split": split, "start_id": start_id, "end_id": end_id,

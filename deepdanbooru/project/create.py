@@ -3,33 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from deepdanbooru.errors import ConfigError, file_field
+from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.config import default_project_json
 from deepdanbooru.project.paths import ProjectPaths
-
-
-def write_bytes_atomic(path, content: bytes) -> None:
-    """Write beside the target and rename, so a reader never sees half a file."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(content)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def write_text_atomic(path, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def create_project(project_path, force: bool = False, echo=print) -> Path:

@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from deepdanbooru.errors import DatasetError, file_field
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 
 DATABASE_NAME = "dataset.sqlite"
 TAGS_NAME = "tags.txt"

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.metrics import is_improvement, json_ready
+from deepdanbooru.scoring.metrics import is_improvement, json_ready
 from deepdanbooru.training.monitors import Monitor, ValidationReport
 from deepdanbooru.training.validation import report_fields, write_sidecars
 

@@ -23,7 +23,7 @@ try:
 except ImportError:  # a Keras without this private module: saves take its default path
     saving_lib = None
 
-from deepdanbooru.training.precision import with_policy
+from deepdanbooru.models.precision import with_policy
 from deepdanbooru.training.strategy import portable_batch_norm
 
 _PARTIAL = ".partial-"

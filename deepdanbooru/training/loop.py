@@ -32,15 +32,9 @@ from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.export import export_model
 from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, validation_trigger
-from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
-from deepdanbooru.training.state import (
-    Counters,
-    ResumeState,
-    RunIdentity,
-    check_identity,
-    read_checkpoint_state,
-    write_state_json,
-)
+from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
+from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, write_state_json
+from deepdanbooru.training.state import ResumeState, read_checkpoint_state
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, distribute_slice, setup_fingerprints
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import (

@@ -32,7 +32,7 @@ import tensorflow as tf
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.pipeline import BadImageTracker, training_dataset
 from deepdanbooru.training import data
-from deepdanbooru.training.cluster import ClusterRole
+from deepdanbooru.runstate.cluster import ClusterRole
 
 _SUM = tf.distribute.ReduceOp.SUM
 

@@ -17,8 +17,8 @@ from deepdanbooru.models.table import check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
-from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
-from deepdanbooru.training.lock import TrainingLock
+from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
+from deepdanbooru.runstate.lock import TrainingLock
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TrainingPlan:
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None) -> TrainingPlan:
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.scoring.split import split_records
 
     role = cluster_role()
     device_choice = parse_devices(devices)

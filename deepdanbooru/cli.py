@@ -202,7 +202,7 @@ def import_images(src, dataset, link, extensions):
     Duplicates (same bytes) and images without tags are skipped and counted;
     unreadable images are reported and skipped.
     """
-    from deepdanbooru.tools.import_images import import_images as run_import
+    from deepdanbooru.dataset.import_images import import_images as run_import
 
     run_import(src, dataset, link=link, extensions=extensions, echo=click.echo,
                warn=lambda line: click.echo(line, err=True))

@@ -36,7 +36,7 @@ from train_helpers import cli_env, make_project, train_command, weights
 from deepdanbooru.cli import main
 from deepdanbooru.errors import ConfigError, TrainingError
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices
-from deepdanbooru.training.sharding import shard_offsets
+from deepdanbooru.training.data import shard_offsets
 
 TOLERANCE = 1e-5
 DISTRIBUTED = {"epoch_count": 1, "optimizer": "sgd", "learning_rate": 0.1, "max_bad_image_fraction": 0.4}

@@ -95,6 +95,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.pipeline import diagnose, inference_dataset
+    from deepdanbooru.pipeline.gaps import PositionGaps
     from deepdanbooru.scoring.scorer import BatchScorer, measure
 
     configure_devices(allow_gpu)
@@ -105,18 +106,16 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size,
                                 max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
                                 tags=tags)
-    seen = set()
+    gaps = PositionGaps()
     try:
-        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold,
-                          observe=lambda positions: seen.update(int(p) for p in positions))
+        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold, observe=gaps.observe)
     except ValueError as error:
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None
     summary = MetricsSummary(model=files.model, split=split, records=len(paths), result=metrics.result())
-    for index in range(len(paths)):
-        if index not in seen:
-            reason = diagnose(paths[index], config.max_image_pixels)
-            summary.skipped.append((Path(paths[index]), reason))
-            echo_err(f"skipped {paths[index]}: {reason}")
+    for index in gaps.missing(range(len(paths))).tolist():
+        reason = diagnose(paths[index], config.max_image_pixels)
+        summary.skipped.append((Path(paths[index]), reason))
+        echo_err(f"skipped {paths[index]}: {reason}")
     if metrics.samples == 0:
         raise DatasetError(f"none of the {len(paths)} images could be read; see the reasons above")
 

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
+from deepdanbooru.pipeline import TrainingInput
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.export import export_model
@@ -35,7 +36,8 @@ from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, Validatio
 from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, write_state_json
 from deepdanbooru.training.state import ResumeState, read_checkpoint_state
-from deepdanbooru.training.sharding import WorkerSums, check_same_setup, distribute_slice, setup_fingerprints
+from deepdanbooru.training.data import Epoch, slice_input
+from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import (
     check_global_batch,
@@ -232,10 +234,11 @@ class SliceTrainer:
         c = self.counters
         start = c.offset
         stop = min(start + self.slice_records, self.n)
-        slice_data, distributed = distribute_slice(
-            self.strategy, self.role, self.sums, self.config, self.plan.tags, self.train_paths,
-            self.train.tag_strings, order, start=start, stop=stop, random_seed=c.random_seed,
-            epoch=c.used_epoch + 1, bad_image_log=self.paths.bad_images)
+        epoch = Epoch(self.train_paths, self.train.tag_strings, self.plan.tags, order, c.used_epoch + 1,
+                      c.random_seed, self.paths.bad_images)
+        slice_data = slice_input(self.strategy, self.role, self.sums, epoch, TrainingInput.from_config(self.config),
+                                 start, stop)
+        distributed = slice_data.dataset
         self.step.bind(distributed.element_spec)
         steps = 0
         for batch in distributed:

@@ -36,6 +36,10 @@ class TrainingError(UserError):
     """Training cannot start or cannot go on (empty data, non-finite loss, lock held)."""
 
 
+class DependencyError(UserError):
+    """An installed package is not a version deepdanbooru works with."""
+
+
 class NetworkError(UserError):
     """A server could not be reached, refused the credentials or answered something unusable."""
 

@@ -48,7 +48,8 @@ def global_policy(policy: str):
 
 
 def output_layer_names(model: keras.Model) -> set[str]:
-    return {tensor._keras_history.operation.name for tensor in model.outputs}
+    # A functional model names its output layers; a Sequential model's output is its last layer.
+    return set(getattr(model, "output_names", None) or [model.layers[-1].name])
 
 
 def with_policy(model: keras.Model, policy: str) -> keras.Model:

@@ -28,6 +28,7 @@ import re
 import keras
 import tensorflow as tf
 
+from deepdanbooru import compat
 from deepdanbooru.errors import ConfigError, TrainingError, file_field
 from deepdanbooru.tfruntime import tune_graph_optimizer
 from deepdanbooru.runstate.cluster import LOGICAL_CPUS_ENV, ClusterRole, DeviceChoice, cluster_role, logical_cpus
@@ -155,20 +156,11 @@ def portable_batch_norm(model: keras.Model):
             layer.synchronized = True
 
 
-def _pass_through(grads_and_vars):
-    return list(grads_and_vars)
-
-
 def take_over_gradient_reduction(optimizer, strategy: tf.distribute.Strategy) -> None:
     """Stop Keras from summing gradients across replicas: `sum_across_replicas` has done it, before clipping."""
     if replicas(strategy) < 2:
         return
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    if not callable(getattr(inner, "_all_reduce_sum_gradients", None)):
-        # Silently reducing twice would multiply every gradient by the replica count.
-        raise RuntimeError(f"Keras {keras.__version__} no longer has Optimizer._all_reduce_sum_gradients; "
-                           "update deepdanbooru.training.strategy.take_over_gradient_reduction")
-    inner._all_reduce_sum_gradients = _pass_through
+    compat.keep_gradients_unreduced(getattr(optimizer, "inner_optimizer", optimizer))
 
 
 def sum_across_replicas(gradients: list) -> list:

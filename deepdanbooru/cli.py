@@ -17,6 +17,7 @@ import click
 
 from deepdanbooru import __version__
 from deepdanbooru.errors import UserError
+from deepdanbooru.formats import IMAGE_FORMATS
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
 from deepdanbooru.tfimport import install_quiet_import
 
@@ -114,7 +115,7 @@ def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports
 @click.option("--size", default=64, show_default=True, type=click.IntRange(min=16), help="Image side in pixels.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Same seed, same files.")
 @click.option("--format", "image_format", default="jpg", show_default=True,
-              type=click.Choice(["jpg", "png", "webp", "gif", "bmp"]), help="Image file format.")
+              type=click.Choice([f.extension for f in IMAGE_FORMATS]), help="Image file format.")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing dataset.sqlite and tags.txt (one made with the same options is kept).")
 def make_sample_dataset(directory, count, size, seed, image_format, overwrite):

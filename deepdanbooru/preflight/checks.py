@@ -17,7 +17,8 @@ from pathlib import Path
 from deepdanbooru.dataset import records
 from deepdanbooru.errors import UserError
 from deepdanbooru.models import table
-from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
+from deepdanbooru.formats import stored_extensions
+from deepdanbooru.preflight.images import BadImage, inspect_image, too_large
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
@@ -221,7 +222,8 @@ def check_images(run: Run):
         if info.pixels > config.max_image_pixels:
             bad.append(f"id {row_id} {path}: {too_large(info, config.max_image_pixels)}")
             continue
-        if str(ext).lower() not in EXTENSIONS[info.format]:
+        # A mismatch still decodes, but deserves a word.
+        if str(ext).lower() not in stored_extensions(info.format):
             mismatched.append(f"id {row_id} {path} holds {info.format.upper()}")
         formats[info.format] += 1
         sizes.add((info.width, info.height))

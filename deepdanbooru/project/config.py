@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from deepdanbooru.errors import ConfigError, file_field
+from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS
 
 PROJECT_FILE = "project.json"
 
@@ -27,8 +28,6 @@ MODEL_NAMES = (
 )
 LOSS_NAMES = ("binary_crossentropy", "focal_loss")
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
-DEEPDANBOORU_EXTENSIONS = ("png", "jpg", "jpeg")
-IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "gif", "webp", "bmp")
 BEST_MODEL_METRICS = ("macro_f1", "micro_f1", "map", "mcc", "loss")
 
 # Pillow's own decompression-bomb limit: about a 9,500 x 9,500 image.

@@ -26,6 +26,7 @@ from PIL import Image, ImageDraw
 
 from deepdanbooru.errors import DatasetError, file_field
 from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.formats import IMAGE_FORMATS
 
 DATABASE_NAME = "dataset.sqlite"
 TAGS_NAME = "tags.txt"
@@ -61,14 +62,9 @@ TAGS: tuple[str, ...] = (
 SAFE_RADIUS = 0.4
 GAP = 0.03  # between shapes, so two shapes never merge into one blob
 
-# Pillow's format name, save options and the file_ext written to the database.
-FORMATS = {
-    "jpg": ("JPEG", {"quality": 95, "subsampling": 0}),
-    "png": ("PNG", {}),
-    "webp": ("WEBP", {"quality": 90, "method": 4}),
-    "gif": ("GIF", {}),
-    "bmp": ("BMP", {}),
-}
+# The file_ext written to the database -> Pillow's format name; save options where Pillow's defaults lose detail.
+FORMATS = {f.extension: f.pillow[0] for f in IMAGE_FORMATS}
+SAVE_OPTIONS = {"jpg": {"quality": 95, "subsampling": 0}, "webp": {"quality": 90, "method": 4}}
 
 SUPERSAMPLE = 4  # drawn large then box-filtered: anti-aliased edges, still deterministic
 RATINGS = ("g", "s", "q", "e")
@@ -159,7 +155,7 @@ def draw_picture(rng: np.random.Generator, size: int) -> tuple[Image.Image, tupl
 
 
 def encode(picture: Image.Image, image_format: str) -> bytes:
-    pillow_format, options = FORMATS[image_format]
+    pillow_format, options = FORMATS[image_format], SAVE_OPTIONS.get(image_format, {})
     if image_format == "gif":
         # A fixed adaptive palette keeps GIF output deterministic and close to the RGB picture.
         picture = picture.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)

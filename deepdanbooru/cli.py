@@ -2,8 +2,8 @@
 
 Each command parses its options and calls one function of a room, imported
 inside the command so that `deepdanbooru --help`, create-project and preflight
-never import TensorFlow. User errors become one stderr line and exit code 2
-here, and only here.
+never import TensorFlow. User errors become one stderr line and their exit
+code (exitcodes.py) here, and only here.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import warnings
 
 import click
 
-from deepdanbooru import __version__
+from deepdanbooru import __version__, exitcodes
 from deepdanbooru.errors import UserError
 from deepdanbooru.formats import IMAGE_FORMATS
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
+from deepdanbooru.preflight.options import PREFLIGHT_OPTIONS
 from deepdanbooru.tfimport import install_quiet_import
 
 
@@ -35,7 +36,7 @@ class _Group(click.Group):
             ctx.exit(error.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
-            ctx.exit(130)
+            ctx.exit(exitcodes.INTERRUPTED)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -90,15 +91,22 @@ def train_project(project_path, source_model, force_mixed_precision, devices):
           devices=devices)
 
 
+def _preflight_options(options):
+    """click options from preflight's option table, which the stdlib scripts read too."""
+    def decorate(command):
+        for option in reversed(options):
+            if option.default is None:
+                command = click.option(option.flag, option.name, is_flag=True, help=option.help)(command)
+            else:
+                command = click.option(option.flag, option.name, default=option.default, show_default=True,
+                                       type=click.IntRange(min=0), metavar="N", help=option.help)(command)
+        return command
+    return decorate
+
+
 @main.command("preflight")
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
-@click.option("--max-image-checks", default=20, show_default=True, type=click.IntRange(min=0), metavar="N",
-              help="Check the first N eligible images by id; 0 checks all.")
-@click.option("--check-packages", is_flag=True, help="Check installed versions of the runtime packages (no import).")
-@click.option("--probe-imports", is_flag=True, help="Import each runtime package in a child process.")
-@click.option("--probe-tensorflow", is_flag=True,
-              help="Run TensorFlow in a child process: compute on the CPU, decode the sampled images.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+@_preflight_options(PREFLIGHT_OPTIONS)
 @click.pass_context
 def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, as_json):
     """Read-only checks of PROJECT_PATH before training. Exit 0: all good, 1: a check failed."""
@@ -284,8 +292,7 @@ _FORMAT = click.option("--format", "output_format", default="text", show_default
 
 def _exit_if_skipped(summary):
     if summary.skipped:
-        # Exit code 1: the run finished but not every image was tagged (2 is a usage/input error).
-        click.get_current_context().exit(1)
+        click.get_current_context().exit(exitcodes.FAILED)
 
 
 @main.command("evaluate")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deepdanbooru import exitcodes
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.fileio import write_bytes_atomic
 
@@ -33,7 +34,7 @@ ONNX_OPSET = 17
 class ConversionMismatch(UserError):
     """The converted model's outputs differ from Keras' by more than the tolerance."""
 
-    exit_code = 1
+    exit_code = exitcodes.FAILED
 
 
 @dataclass(frozen=True)

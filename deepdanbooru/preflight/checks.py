@@ -16,9 +16,10 @@ from pathlib import Path
 
 from deepdanbooru.dataset import records
 from deepdanbooru.errors import UserError
-from deepdanbooru.models import table
 from deepdanbooru.formats import stored_extensions
+from deepdanbooru.models import table
 from deepdanbooru.preflight.images import BadImage, inspect_image, too_large
+from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
@@ -26,7 +27,6 @@ from deepdanbooru.project.tags import load_tags, tags_hash
 from deepdanbooru.runstate.lock import owner_is_stale, read_owner
 from deepdanbooru.runstate.state import SCHEDULE_COUNTERS, STATE_FILE, read_state_json
 
-DEFAULT_MAX_IMAGE_CHECKS = 20
 SHOWN_PROBLEMS = 3  # a FAIL line names this many bad rows, then counts the rest
 
 

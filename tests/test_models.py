@@ -28,7 +28,7 @@ from deepdanbooru.models import (
 from deepdanbooru.project import config as project_config
 
 # (trainable, non_trainable) at 299x299 with 1000 tags. The first three are
-# SPEC's reference figures; the others were measured once by building them.
+# DeepDanbooru's published figures; the others were measured once by building them.
 REFERENCE_COUNTS = {
     "resnet_152": (60_192_808, 151_424),
     "resnet_custom_v1": (122_053_696, 196_480),

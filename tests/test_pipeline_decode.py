@@ -44,7 +44,8 @@ def test_header_names_the_format_and_declares_the_size(name):
 
 @pytest.mark.parametrize("name", ["webp_animated", "webp_animated_lossy"])
 def test_animated_webp_fixture_exercises_the_alpha_less_animation_path(name):
-    # The process-killing case in TF_NOTES.md: VP8X with the animation flag and no alpha flag.
+    # TF 2.21's decode_webp kills the process on an animated WebP without alpha (VP8X with the animation
+    # flag and no alpha flag) unless asked for 4 channels: these fixtures must hit that path.
     data = VARIANTS[name][0]
     assert data[12:16] == b"VP8X" and data[20] & 0x02 and not data[20] & 0x10
 

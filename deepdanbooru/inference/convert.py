@@ -155,7 +155,7 @@ def _tflite_interpreter(content: bytes):
 
         with warnings.catch_warnings():
             # tf.lite.Interpreter warns it is deprecated in favour of ai-edge-litert,
-            # which is optional here: same API, same results (TF_NOTES.md).
+            # which is optional here: it has the same API and gives the same results.
             warnings.simplefilter("ignore")
             return tf.lite.Interpreter(model_content=content)
     return Interpreter(model_content=content)

@@ -6,10 +6,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
-
 from deepdanbooru.inference.model_files import resolve_model_files
-from deepdanbooru.inference.output import FORMATS, caption, make_writer, select_tags, threshold_vector
+from deepdanbooru.inference.output import FORMATS, caption, make_writer, print_err, select_tags, threshold_vector
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.tags import load_tags
@@ -22,14 +20,10 @@ class EvaluationSummary:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
 
 
-def _echo_err(message: str) -> None:
-    click.echo(message, err=True)
-
-
 def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, threshold=0.5, thresholds_csv=None,
              allow_folder=False, folder_filters=DEFAULT_FOLDER_FILTERS, save_txt=False, allow_gpu=False,
              compile_model=True, verbose=False, output_format="text", batch_size=32,
-             echo=print, echo_err=_echo_err) -> EvaluationSummary:
+             echo=print, echo_err=print_err) -> EvaluationSummary:
     """Tag every image under `targets`, writing results through `echo` as they come.
 
     Everything that can be checked without TensorFlow (targets, model and

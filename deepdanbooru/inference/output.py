@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 
 import numpy as np
 
@@ -15,6 +16,11 @@ from deepdanbooru.errors import ModelError, file_field
 from deepdanbooru.scoring.thresholds import read_thresholds_csv
 
 FORMATS = ("text", "json", "csv")
+
+
+def print_err(message: str) -> None:
+    """The default for the `echo_err` of library functions: one line to the current stderr."""
+    print(message, file=sys.stderr)
 
 
 def threshold_vector(tags, threshold: float, thresholds_csv=None) -> np.ndarray:

@@ -12,11 +12,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
-
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.errors import ConfigError, DatasetError, ModelError, UserError, file_field
 from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.inference.output import print_err
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.tags import load_tags
 
@@ -39,10 +38,6 @@ class MetricsSummary:
     @property
     def metrics(self) -> dict:
         return {key: value for key, value in self.result.items() if key != "per_tag"}
-
-
-def _echo_err(message: str) -> None:
-    click.echo(message, err=True)
 
 
 def select_records(config, split: str, start_id: int | None = None, end_id: int | None = None) -> Records:
@@ -82,7 +77,7 @@ def _format(value) -> str:
 
 def project_metrics(project_path, *, model_path=None, split="validation", start_id=None, end_id=None,
                     threshold=None, batch_size=32, allow_gpu=False, as_json=False, echo=print,
-                    echo_err=_echo_err) -> MetricsSummary:
+                    echo_err=print_err) -> MetricsSummary:
     """Measure a model (default: the project's final export) on the project's records; print the metrics."""
     config = load_config(project_path)
     tags = load_tags(config.project_dir / "tags.txt")

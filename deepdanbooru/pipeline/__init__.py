@@ -1,4 +1,4 @@
-"""The streaming input pipeline: one code path for training, validation and inference (SPEC section 3).
+"""The streaming input pipeline: one code path for training, validation and inference.
 
 Importing this package imports TensorFlow. Everything per image runs as
 TensorFlow ops inside tf.data (no py_function).

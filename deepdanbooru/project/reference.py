@@ -27,7 +27,7 @@ infinities are refused everywhere.
 """
 
 FOOTER = """
-`create-project` writes the SPEC keys above in this order (without
+`create-project` writes DeepDanbooru's keys above in this order (without
 `learning_rates`) plus {overrides}.
 
 A relative `database_path` is resolved against the project directory. The

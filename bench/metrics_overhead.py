@@ -85,7 +85,7 @@ def measure_tags(args, n_tags: int) -> dict:
         step.bind(dataset.element_spec)
         for _ in range(2):
             step(next(iterator))
-        step.counters.read_window()
+        step.sums.read_window()
 
     wall = {name: [] for name in variants}
     cpu = {name: [] for name in variants}
@@ -97,8 +97,8 @@ def measure_tags(args, n_tags: int) -> dict:
             for _ in range(args.steps):
                 step(next(iterator))
                 if name == "sync":
-                    float(step.counters.loss_sum.numpy())
-            step.counters.read_window()  # waits for the last step
+                    float(step.sums.loss_sum.numpy())
+            step.sums.read_window()  # waits for the last step
             wall[name].append((time.perf_counter() - begin) / args.steps)
             cpu[name].append((time.process_time() - begin_cpu) / args.steps)
 

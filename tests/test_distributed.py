@@ -301,13 +301,13 @@ def dataset(tmp_path_factory, sample_dataset):
     The runs thus cover empty replicas and still train the same batches.
     """
     from deepdanbooru.dataset.records import load_records
-    from deepdanbooru.training.loop import _epoch_order
+    from deepdanbooru.training.schedule import epoch_order
 
     database, tags = sample_dataset
     copy = tmp_path_factory.mktemp("dataset") / "data"
     shutil.copytree(database.parent, copy)
     records = load_records(copy / database.name, 1, ("png", "jpg", "jpeg"))
-    order = _epoch_order(len(records), 0, 0)
+    order = epoch_order(len(records), 0, 0)
     bad = [Path(records.paths()[order[position]]) for position in (5, 6, 7)]
     for path in bad:
         path.write_bytes(b"")

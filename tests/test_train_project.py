@@ -31,13 +31,10 @@ class Recorder(Monitor):
     """Learning rate in force at each slice end, and every export."""
 
     def __init__(self):
-        self.rates, self.exports, self.optimizer = [], [], None
-
-    def on_train_begin(self, run):
-        self.optimizer = run.extras["optimizer"]
+        self.rates, self.exports = [], []
 
     def on_slice_end(self, progress, checkpoint, logs):
-        self.rates.append((progress.used_epoch, float(self.optimizer.learning_rate.numpy())))
+        self.rates.append((progress.used_epoch, logs["learning_rate"]))
 
     def on_export(self, path, kind):
         self.exports.append((path.name, kind))

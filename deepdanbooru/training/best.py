@@ -78,7 +78,7 @@ class BestModelMonitor(Monitor):
         return {"best_model": self.state}
 
     def on_train_begin(self, run):
-        self.model = run.extras.get("model")
+        self.model = run.model
         saved = self.state.get()
         if saved is None:
             return

@@ -91,7 +91,7 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
                   monitors=None, devices: str | None = None):
-    """Train (or resume) the project; returns the final counters (training.state.Counters).
+    """Train (or resume) the project; returns the final counters (runstate.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
     """
@@ -116,5 +116,5 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")
             # Before the monitors create their variables: that starts TensorFlow's runtime, after which
             # collectives and logical devices can no longer be configured.
-            choose_strategy(plan.devices, plan.role)
-            return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)
+            strategy = choose_strategy(plan.devices, plan.role)
+            return train(plan, strategy, build_monitors(plan, echo) if monitors is None else monitors, echo)

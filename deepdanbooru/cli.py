@@ -317,13 +317,13 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
     Images that cannot be read are named on stderr and skipped; the exit code
     is then 1 (0: every image tagged; 2: bad options or input).
     """
-    from deepdanbooru.inference.evaluate import evaluate as run_evaluate
+    from deepdanbooru.inference.evaluate import TaggingOptions, evaluate as run_evaluate
 
-    summary = run_evaluate(targets, project_path=project_path, model_path=model_path, tags_path=tags_path,
-                           threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
-                           folder_filters=folder_filters, save_txt=save_txt, allow_gpu=allow_gpu,
-                           compile_model=compile_model, verbose=verbose, output_format=output_format,
-                           batch_size=batch_size, echo=click.echo)
+    options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
+                             folder_filters=folder_filters, save_txt=save_txt, output_format=output_format,
+                             batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose)
+    summary = run_evaluate(targets, options, project_path=project_path, model_path=model_path, tags_path=tags_path,
+                           echo=click.echo)
     _exit_if_skipped(summary)
 
 
@@ -383,11 +383,11 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
         raise click.UsageError(f"{', '.join(misplaced)} can only be used with --metrics")
     if target is None:
         raise click.UsageError("Missing argument 'TARGET' (or pass --metrics to measure the model instead)")
-    from deepdanbooru.inference.evaluate import evaluate as run_evaluate
+    from deepdanbooru.inference.evaluate import TaggingOptions, evaluate as run_evaluate
 
-    summary = run_evaluate([target], project_path=project_path, threshold=threshold, thresholds_csv=thresholds_csv,
-                           allow_folder=True, allow_gpu=allow_gpu, output_format=output_format,
-                           batch_size=batch_size, echo=click.echo)
+    options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=True,
+                             output_format=output_format, batch_size=batch_size, allow_gpu=allow_gpu)
+    summary = run_evaluate([target], options, project_path=project_path, echo=click.echo)
     _exit_if_skipped(summary)
 
 

@@ -24,6 +24,9 @@ from deepdanbooru.errors import ModelError, TrainingError
 from deepdanbooru.training.monitors import Monitor
 from deepdanbooru.training.train import train_project
 
+# Whole training runs (and a kill-and-resume in subprocesses): the slow tier.
+pytestmark = pytest.mark.slow
+
 EXPORTS = ["model-resnet_small.e1.keras", "model-resnet_small.e2.keras", "model-resnet_small.keras"]
 
 
@@ -99,7 +102,6 @@ def test_export_opens_with_plain_keras_and_holds_no_optimizer(trained):
     assert shapes.startswith("(None, 32, 32, 3) (1, 17)")
 
 
-@pytest.mark.slow
 def test_fresh_run_reproducible_and_resume_at_an_epoch_boundary(trained, tmp_path, sample_dataset):
     """A fresh run repeats the reference bit for bit; stopping after epoch 1 and raising epoch_count
     continues exactly; running a finished project again trains nothing."""
@@ -153,7 +155,6 @@ def _kill_when(project, trigger: str, occurrence: int, delay: float) -> str:
     return "".join(output)
 
 
-@pytest.mark.slow
 def test_sigkill_at_varied_moments_then_resume_matches(trained, tmp_path, sample_dataset):
     reference, _ = trained
     project = make_project(tmp_path / "killed", *sample_dataset)

@@ -50,6 +50,7 @@ def test_animated_webp_fixture_exercises_the_alpha_less_animation_path(name):
     assert data[12:16] == b"VP8X" and data[20] & 0x02 and not data[20] & 0x10
 
 
+@pytest.mark.slow
 def test_animated_webp_decodes_in_a_child_process_without_crashing(tmp_path):
     # In a child process: a regression would kill pytest itself otherwise.
     names = ("webp_animated", "webp_animated_lossy", "webp_animated_alpha", "webp_alpha", "webp_lossy")

@@ -556,6 +556,7 @@ def write_png_with_bad_data(path):
                      + chunk(b"IEND", b""))
 
 
+@pytest.mark.slow
 def test_probe_tensorflow_decodes_the_sampled_images(project):
     broken = image_of(project, 6)
     write_png_with_bad_data(broken)

@@ -76,6 +76,7 @@ def test_weights_staged_on_disk_during_the_save_only(tmp_path, small_model, monk
     assert [p.name for p in tmp_path.iterdir()] == ["model-x.keras"]
 
 
+@pytest.mark.slow
 def test_mixed_model_and_float32_copy(tmp_path):
     with global_policy(MIXED):
         mixed = build_model("resnet_small", (32, 32, 3), 4, seed=2)

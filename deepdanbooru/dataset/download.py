@@ -25,6 +25,7 @@ from deepdanbooru import __version__
 from deepdanbooru.dataset.build import SYSTEM_TAGS
 from deepdanbooru.errors import NetworkError, UserError, file_field
 from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.project.categories import CATEGORIES_FILE  # DeepDanbooru's format, read back there
 
 DEFAULT_BASE_URL = "https://danbooru.donmai.us"
 PAGE_SIZE = 1000  # the API's largest page
@@ -47,7 +48,6 @@ CATEGORIES = (
 )
 ALL_TAGS_FILE = "tags.txt"
 LOG_FILE = "download-tags.log"
-CATEGORIES_FILE = "categories.json"  # read by DeepDanbooru's web demo: where each category starts in tags.txt
 OUTPUT_FILES = tuple(c.file_name for c in CATEGORIES) + (ALL_TAGS_FILE, CATEGORIES_FILE, LOG_FILE)
 
 

@@ -16,6 +16,7 @@ from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.errors import ConfigError, DatasetError, ModelError, UserError, file_field
 from deepdanbooru.inference.model_files import resolve_model_files
 from deepdanbooru.inference.output import print_err
+from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.tags import load_tags
 
@@ -24,7 +25,8 @@ SPLITS = ("validation", "all")
 # Printed first, in this order; the remaining scalars follow.
 _LEAD = ("loss", "micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall", "macro_f1",
          "map", "mcc", "global_threshold", "global_threshold_precision", "global_threshold_recall",
-         "global_threshold_f1", "calibrated_tags", "calibrated_macro_f1")
+         "global_threshold_f1", "calibrated_tags", "calibrated_macro_f1", "pr_threshold", "pr_f1",
+         "macro_f1_040", "macro_mcc_040")
 
 
 @dataclass
@@ -42,7 +44,9 @@ class MetricsSummary:
 
 def select_records(config, split: str, start_id: int | None = None, end_id: int | None = None) -> Records:
     """The project's eligible records of `split`, limited to start_id <= id <= end_id."""
-    from deepdanbooru.scoring.split import split_records
+    from deepdanbooru.project.paths import ProjectPaths
+    from deepdanbooru.runstate.state import read_state_json
+    from deepdanbooru.scoring.split import split_for_run
 
     if split not in SPLITS:
         raise UserError(f"--split: must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -56,7 +60,9 @@ def select_records(config, split: str, start_id: int | None = None, end_id: int 
                 config.config_path, "validation_fraction",
                 "is 0, so the project has no validation split; use --split all (with --start-id/--end-id "
                 "to pick records), or set the fraction the model was trained with"))
-        _, records = split_records(records, config.validation_fraction, config.seed)
+        # The trainer's split, also for a run that keeps its split by post id.
+        _, records, _ = split_for_run(records, config.validation_fraction, config.seed,
+                                      read_state_json(ProjectPaths(config.project_dir).checkpoints)[0])
     low = start_id if start_id is not None else -(1 << 63)
     high = end_id if end_id is not None else (1 << 63) - 1
     chosen = [index for index, post_id in enumerate(records.ids) if low <= post_id <= high]
@@ -103,7 +109,8 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
                                 tags=tags)
     gaps = PositionGaps()
     try:
-        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold, observe=gaps.observe)
+        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold, observe=gaps.observe,
+                          categories=category_indices(tag_categories(tags, config.project_dir)))
     except ValueError as error:
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None
     summary = MetricsSummary(model=files.model, split=split, records=len(paths), result=metrics.result())

@@ -19,9 +19,10 @@ def training_preflight(
     check_packages: bool = False,
     probe_imports: bool = False,
     probe_tensorflow: bool = False,
+    check_duplicates: bool = False,
 ):
     """Every check docs/preflight.md lists that the options ask for; a list of CheckResult. Writes nothing."""
-    run = checks.Run(project, max_image_checks)
+    run = checks.Run(project, max_image_checks, check_duplicates=check_duplicates)
     try:
         results = checks.run_checks(run, checks.PROJECT_CHECKS)
     finally:
@@ -91,7 +92,7 @@ def training_preflight_main(argv=None) -> int:
         f"{exitcodes.FAILED}: a check failed, {exitcodes.USAGE}: bad usage.",
         "project directory (holds project.json and tags.txt)", PREFLIGHT_OPTIONS, argv)
     results = training_preflight(arguments.project, arguments.max_image_checks, arguments.check_packages,
-                                 arguments.probe_imports, arguments.probe_tensorflow)
+                                 arguments.probe_imports, arguments.probe_tensorflow, arguments.check_duplicates)
     return report(arguments.project, results, arguments.as_json)
 
 

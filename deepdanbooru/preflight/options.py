@@ -28,6 +28,8 @@ PREFLIGHT_OPTIONS = (
     Option("--check-packages", "Check installed versions of the runtime packages (no import)."),
     Option("--probe-imports", "Import each runtime package in a child process and report its version."),
     Option("--probe-tensorflow", "Run TensorFlow in a child process: compute on the CPU, decode the sampled images."),
+    Option("--check-duplicates", "Read every eligible image: identical files and near-identical pictures (dHash, "
+                                 "needs Pillow) on both sides of the validation split."),
     JSON_OPTION,
 )
 VALIDATE_OPTIONS = (

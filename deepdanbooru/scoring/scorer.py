@@ -37,9 +37,12 @@ class BatchScorer:
         return scores.numpy(), float(loss_sum.numpy())
 
 
-def measure(scorer: BatchScorer, dataset, threshold: float, observe=None) -> ValidationMetrics:
-    """Feed every labelled batch of `dataset` to a fresh ValidationMetrics; observe(positions) per batch."""
-    metrics = ValidationMetrics(scorer.n_tags, threshold=threshold)
+def measure(scorer: BatchScorer, dataset, threshold: float, observe=None, categories=None) -> ValidationMetrics:
+    """Feed every labelled batch of `dataset` to a fresh ValidationMetrics; observe(positions) per batch.
+
+    categories: {"general": [tag indices], ...} (project.categories.category_indices) for per-category figures.
+    """
+    metrics = ValidationMetrics(scorer.n_tags, threshold=threshold, categories=categories)
     for batch in dataset:
         labels = batch["label"]
         scores, loss_sum = scorer(batch["image"], labels)

@@ -18,7 +18,6 @@ same batches with the same augmentation as a run that never stopped.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, w
 from deepdanbooru.pipeline import TrainingInput
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, write_state_json
+from deepdanbooru.scoring.split import records_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.data import Epoch, slice_input
 from deepdanbooru.training.export import export_model
@@ -94,10 +94,6 @@ def _make_model(plan, policy: str) -> keras.Model:
     return with_policy(loaded, policy)
 
 
-def _records_hash(records) -> str:
-    return hashlib.sha256(np.asarray(records.ids, dtype=np.int64).tobytes()).hexdigest()[:16]
-
-
 def _monitor_state(monitors) -> tf.Module:
     """The monitors' checkpoint_objects under one key, so they never collide with the trainer's own."""
     state = tf.Module(name="monitors")
@@ -134,7 +130,7 @@ class SliceTrainer:
         self.policy = choose_policy(self.config.mixed_precision, plan.force_mixed_precision, echo)
         self.identity = RunIdentity(self.config.model, self.config.image_height, self.config.image_width,
                                     tags_hash(plan.tags), len(plan.tags))
-        self.records_hash = _records_hash(plan.train)
+        self.records_hash = records_hash(plan.train)
         self.latest = self._latest_checkpoint_of_this_setup()
         self._build_model_and_optimizer()
         self.counters = self._restore()
@@ -338,7 +334,8 @@ class SliceTrainer:
         if not self.role.is_chief:
             return
         write_state_json(self.paths.checkpoints, checkpoint, self.counters, self.identity, complete=complete,
-                         epoch_count=self.config.epoch_count, train_records=self.schedule.train_records)
+                         epoch_count=self.config.epoch_count, train_records=self.schedule.train_records,
+                         records_hash=self.records_hash)
 
     def _export(self, path: Path, kind: str) -> None:
         if not self.role.is_chief:

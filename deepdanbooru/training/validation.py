@@ -9,6 +9,7 @@ import numpy as np
 
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.pipeline import BadImageTracker, inference_dataset
+from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.scoring.metrics import write_metrics_json, write_thresholds_csv
 from deepdanbooru.scoring.scorer import BatchScorer, measure
 from deepdanbooru.training.monitors import Progress, ValidationReport
@@ -26,6 +27,7 @@ class Validator:
             self.paths, height=config.image_height, width=config.image_width, batch_size=config.minibatch_size,
             max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags))
         self.scorer = BatchScorer(model, config.loss, config.image_height, config.image_width)
+        self.categories = category_indices(tag_categories(list(tags), config.project_dir))
         self.latest: ValidationReport | None = None
         self._logged_bad = False
 
@@ -39,7 +41,8 @@ class Validator:
         started = time.monotonic()
         seen: list[np.ndarray] = []
         try:
-            metrics = measure(self.scorer, self.dataset, self.config.validation_threshold, seen.append)
+            metrics = measure(self.scorer, self.dataset, self.config.validation_threshold, seen.append,
+                              self.categories)
         except ValueError as error:
             # ValidationMetrics refuses NaN / out-of-range scores: the weights went bad without the loss showing it.
             raise TrainingError(file_field(

@@ -115,16 +115,19 @@ def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Same seed, same files.")
 @click.option("--format", "image_format", default="jpg", show_default=True,
               type=click.Choice(["jpg", "png", "webp", "gif", "bmp"]), help="Image file format.")
+@click.option("--preset", default="basic", show_default=True, type=click.Choice(["basic", "hard"]),
+              help="basic: the sample project's 17 tags; hard: 197 long-tailed tags of counts, sizes and "
+                   "relations on textured, noisy backgrounds (docs/sample.md).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing dataset.sqlite and tags.txt (one made with the same options is kept).")
-def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
+def make_sample_dataset(directory, count, size, seed, image_format, preset, overwrite):
     """Write a synthetic DeepDanbooru-layout dataset (SQLite + images + tags.txt) to DIRECTORY."""
     from deepdanbooru.sample.generator import existing_recipe, generate_sample_dataset
 
     before = existing_recipe(directory)
     database, tags = generate_sample_dataset(directory, count=count, size=size, seed=seed,
                                              image_format=image_format, overwrite=overwrite,
-                                             reuse_identical=True)
+                                             reuse_identical=True, preset=preset)
     if not overwrite and before is not None:  # anything but an identical earlier dataset raised above
         click.echo(f"{database} already holds this sample dataset ({count} posts); nothing to do")
     else:

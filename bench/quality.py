@@ -47,6 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import line_chart  # noqa: E402
 
+from deepdanbooru.project.recipes import RECIPES as PROJECT_RECIPES  # noqa: E402
+
+MODERN = PROJECT_RECIPES["modern"]
+
 # What every recipe shares: the data, the split, the cadence of measurement. epoch_count is large so
 # that the budget ends the run; a recipe whose schedule depends on it (learning_rates, warmup_cosine)
 # sets its own, to the epochs it reaches in the budget (printed as "epochs").
@@ -82,16 +86,9 @@ RECIPES: dict[str, dict] = {
         "epoch_count": 12, "loss": "binary_crossentropy", "rotation_range": [0.0, 360.0],
         "scale_range": [0.9, 1.1], "shift_range": [-0.1, 0.1],
     },
-    # Issue 17's recipe; its values are the lead's to fix after a run of this bench.
-    "modern": {
-        "model": "efficientnetv2_b0", "checkpoint_frequency_mb": 100, "minibatch_size": 32,
-        "optimizer": "adamw", "weight_decay": 0.05, "learning_rate": 0.002,
-        "lr_schedule": "warmup_cosine", "warmup_epochs": 1, "min_learning_rate": 0.00001, "epoch_count": 20,
-        "loss": "asymmetric", "tag_loss_weights": "log_frequency", "head_bias_init": "log_prior",
-        "ema_decay": 0.999,
-        "rotation_range": [0.0, 360.0], "scale_range": [0.9, 1.1], "shift_range": [-0.1, 0.1],
-        "horizontal_flip": True, "crop_area_range": [0.87, 1.0], "mixup": 0.2,
-    },
+    # create-project --recipe modern, as it stands (deepdanbooru/project/recipes.py); epoch_count sets the
+    # length of its cosine schedule: about the epochs it reaches in the budget.
+    "modern": {**MODERN, "checkpoint_frequency_mb": 100, "epoch_count": 20},
 }
 BASELINES = {"ddb": "deepdanbooru", "resnet": "resnet_small"}
 DEFAULT_RECIPES = ("deepdanbooru", "resnet_small", "modern")
@@ -104,7 +101,14 @@ class BenchError(Exception):
     pass
 
 
-def check_recipes(names: list[str], recipes: dict[str, dict], project_dir: Path) -> None:
+def project_json(recipe: dict, size: int, database: Path | None = None) -> dict:
+    config = {**BASE, "image_width": size, "image_height": size, "database_path": str(database or "dataset.sqlite"),
+              **recipe}
+    config.setdefault("export_model_per_epoch", config["epoch_count"])  # exports only at the end
+    return config
+
+
+def check_recipes(names: list[str], recipes: dict[str, dict], project_dir: Path, size: int = 64) -> None:
     """Refuse, before anything trains, a recipe the installed deepdanbooru cannot run as written."""
     from deepdanbooru.errors import UserError
     from deepdanbooru.models.table import check_model_input
@@ -115,7 +119,7 @@ def check_recipes(names: list[str], recipes: dict[str, dict], project_dir: Path)
         if name not in recipes:
             problems.append(f"recipe {name!r} is not defined (known: {', '.join(recipes)})")
             continue
-        raw = {**BASE, **recipes[name]}
+        raw = project_json(recipes[name], size)
         unknown = sorted(key for key in raw if key not in KEY_BY_NAME)
         if unknown:
             problems.append(f"recipe {name!r}: the installed deepdanbooru ({ROOT}) does not know the key(s) "
@@ -148,8 +152,7 @@ def make_dataset(work: Path, count: int, size: int, seed: int) -> tuple[Path, li
 
 def write_project(directory: Path, recipe: dict, database: Path, tags: list[str], size: int) -> None:
     directory.mkdir(parents=True)
-    config = {**BASE, "image_width": size, "image_height": size, "database_path": str(database), **recipe}
-    config.setdefault("export_model_per_epoch", config["epoch_count"])  # exports only at the end
+    config = project_json(recipe, size, database)
     (directory / "project.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / "tags.txt").write_text("\n".join(tags) + "\n")
 
@@ -180,12 +183,18 @@ def train(project: Path, budget: float, use_time_limit: bool, env, log) -> dict:
     if child.returncode not in expected:
         tail = Path(log).read_text(errors="replace").splitlines()[-20:]
         raise BenchError(f"{project}: train-project exited with {child.returncode}:\n" + "\n".join(tail))
-    return {"started": started_wall, "seconds": round(seconds, 1), "stopped_by": "signal" if stopped else
-            ("time-limit" if use_time_limit else "finished"), "exit_code": child.returncode}
+    if stopped:
+        ended = "signal"
+    elif "Stopped for the time limit" in Path(log).read_text(errors="replace"):
+        ended = "time-limit"
+    else:
+        ended = "finished"  # epoch_count reached within the budget
+    return {"started": started_wall, "seconds": round(seconds, 1), "stopped_by": ended,
+            "exit_code": child.returncode}
 
 
-def curve(project: Path, started: float, budget: float) -> list[dict]:
-    """The validations of the run that happened within the budget, with minutes since start."""
+def curve(project: Path, started: float, budget: float | None) -> list[dict]:
+    """The validations of the run (within the budget, if given), with minutes since start."""
     from deepdanbooru.training.history import read_history
 
     path = project / "logs" / "history.jsonl"
@@ -196,7 +205,7 @@ def curve(project: Path, started: float, budget: float) -> list[dict]:
         if record.get("kind") != "validation":
             continue
         seconds = record["time"] - started
-        if seconds > budget + 1:  # a validation a stopped run still finished: not within the budget
+        if budget is not None and seconds > budget:  # one a signalled run still finished: too late
             continue
         points.append({"minutes": round(seconds / 60, 3), "used_epoch": record["used_epoch"],
                        "used_minibatch": record["used_minibatch"], "used_sample": record["used_sample"],
@@ -290,7 +299,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="quality-") as scratch:
         work = args.work or Path(scratch)
         try:
-            check_recipes(names, recipes, work)
+            check_recipes(names, recipes, work, args.size)
             use_time_limit = {"auto": None, "time-limit": True, "signal": False}[args.stop]
             if use_time_limit is None:
                 use_time_limit = has_time_limit(env)
@@ -310,7 +319,9 @@ def main(argv=None) -> int:
                 print(f"{name}: training for {args.budget:g} s "
                       f"({'--time-limit' if use_time_limit else 'SIGINT at the budget'}) ...", flush=True)
                 run = train(project, args.budget, use_time_limit, env, project / "train.log")
-                points = curve(project, run["started"], args.budget)
+                # --time-limit keeps its own time (from a moment after the process starts): all its
+                # validations count; a signalled run's count up to the signal.
+                points = curve(project, run["started"], None if use_time_limit else args.budget)
                 if not points:
                     raise BenchError(f"{project}: no validation within the budget; see {project / 'train.log'}")
                 config = json.loads((project / "project.json").read_text())
@@ -319,6 +330,9 @@ def main(argv=None) -> int:
                                  "train_records": _train_records(project),
                                  "validation_share": validation / run["seconds"]}
                 last = points[-1]
+                if run["stopped_by"] == "finished":
+                    print(f"warning: {name} reached its epoch_count after {run['seconds']:.0f} s, before the "
+                          "budget; raise it (and stretch its schedule) to compare at equal time", flush=True)
                 print(f"{name}: {run['stopped_by']} after {run['seconds']:.0f} s; last validation at "
                       f"{last['minutes']:.1f} min: " + ", ".join(f"{LABELS[m]} {last[m]:.4f}" for m in METRICS),
                       flush=True)

@@ -18,6 +18,7 @@ import click
 from deepdanbooru import __version__
 from deepdanbooru.errors import UserError
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
+from deepdanbooru.project.recipes import DEFAULT_RECIPE, RECIPES
 from deepdanbooru.tfimport import install_quiet_import
 
 
@@ -60,11 +61,14 @@ def main(ctx, debug):
 @main.command("create-project")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
 @click.option("--force", is_flag=True, help="Overwrite an existing project.json.")
-def create_project(project_path, force):
-    """Create PROJECT_PATH with a default project.json."""
+@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, type=click.Choice(list(RECIPES)),
+              help="deepdanbooru: DeepDanbooru's defaults; modern: the backbone, loss, optimizer, schedule and "
+                   "augmentation measured best at equal time (docs/quality.md).")
+def create_project(project_path, force, recipe):
+    """Create PROJECT_PATH with a default project.json (or a recipe's)."""
     from deepdanbooru.project.create import create_project as create
 
-    create(project_path, force=force, echo=click.echo)
+    create(project_path, force=force, echo=click.echo, recipe=recipe)
 
 
 @main.command("train-project")

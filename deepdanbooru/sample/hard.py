@@ -64,7 +64,8 @@ BLURRY_CHANCE = 0.1
 MIN_CONTRAST = 90.0
 # Three centres closer than this (in sides) to one line read as a row; only rows are made so.
 ROW_TOLERANCE = 0.07
-# A made overlap hides between these shares of the smaller object's area.
+# A made overlap covers at least the first share of the smaller object's area and hides at most
+# the second share of the lower object's.
 OVERLAP_SHARE = (0.08, 0.5)
 
 
@@ -277,7 +278,10 @@ def _place(rng: np.random.Generator, radii: list[float], arrangement: str | None
     elif arrangement == "in_a_row":
         spacing = 2 * max(radii[:3]) + GAP + 0.04 * rng.random()
         theta = 2 * math.pi * rng.random()
-        mx, my = _uniform_in_disc(rng, SAFE_RADIUS - spacing - max(radii[:3]))
+        reach = SAFE_RADIUS - spacing - max(radii[:3])
+        if reach < 0:
+            return None
+        mx, my = _uniform_in_disc(rng, reach)
         centres = [(mx + k * spacing * math.cos(theta), my + k * spacing * math.sin(theta)) for k in (-1, 0, 1)]
         if not all(_inside(x, y, r) for (x, y), r in zip(centres, radii)):
             return None

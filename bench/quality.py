@@ -342,6 +342,10 @@ def main(argv=None) -> int:
         except BenchError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+        held_out = {name: result["curve"][-1]["validation_records"] for name, result in results.items()}
+        if len(set(held_out.values())) > 1:
+            print(f"warning: the recipes were validated on different numbers of posts {held_out}: a recipe "
+                  "overrides a key of the split (validation_fraction, seed, minimum_tag_count, image_extensions)")
         table = summarise(results)
         text = markdown(table, args.budget)
         (args.out / "quality.md").write_text(text)

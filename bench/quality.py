@@ -252,12 +252,12 @@ def markdown(table: dict[str, dict], budget: float) -> str:
     present = [tag for tag, name in BASELINES.items() if name in table]
     against = " and ".join({"ddb": "deepdanbooru", "resnet": "resnet_small"}[tag] for tag in present)
     lines = [f"Budget {budget / 60:g} min per recipe; in brackets the ratio to {against or 'no baseline'}.", "",
-             "| recipe | model | epochs | samples | macro-F1 | micro-F1 | mAP | validation share |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| recipe | model | epochs | samples | measured at (min) | macro-F1 | micro-F1 | mAP | validation share |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, row in table.items():
         cells = [_cell(row[m], [row[f"{m}_vs_{tag}"] for tag in present]) for m in METRICS]
-        lines.append(f"| {name} | {row['model']} | {row['epochs']:.1f} | {row['samples']} | " + " | ".join(cells)
-                     + f" | {row['validation_share']:.0%} |")
+        lines.append(f"| {name} | {row['model']} | {row['epochs']:.1f} | {row['samples']} | {row['minutes']:.1f} | "
+                     + " | ".join(cells) + f" | {row['validation_share']:.0%} |")
     return "\n".join(lines) + "\n"
 
 

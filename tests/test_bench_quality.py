@@ -81,7 +81,7 @@ def test_table_gives_ratios_to_both_baselines(quality):
     assert table["modern"]["map_vs_ddb"] == pytest.approx(2.5)
     assert table["resnet_small"]["epochs"] == pytest.approx(6.0)
     text = quality.markdown(table, 600)
-    assert "| modern | efficientnetv2_b0 | 2.0 | 1000 | 0.3000 (3.00x, 1.50x) |" in text
+    assert "| modern | efficientnetv2_b0 | 2.0 | 1000 | 1.0 | 0.3000 (3.00x, 1.50x) |" in text
     assert "ratio to deepdanbooru and resnet_small" in text
     alone = quality.summarise({"modern": results["modern"]})
     assert alone["modern"]["macro_f1_vs_ddb"] is None

@@ -99,14 +99,18 @@ COLOUR_P = _zipf(len(COLOURS))
 
 @lru_cache(maxsize=None)
 def _heart() -> tuple[tuple[float, float], ...]:
-    """Unit heart outline centred on its bounding box, circumradius 1."""
-    t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
-    x = 16 * np.sin(t) ** 3
-    y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t))
-    x -= (x.max() + x.min()) / 2
-    y -= (y.max() + y.min()) / 2
-    scale = np.hypot(x, y).max()
-    return tuple(zip((x / scale).tolist(), (y / scale).tolist()))
+    """Unit heart outline centred on its bounding box, circumradius 1.
+
+    Python's math, not numpy's vectorised sin/cos, whose last bit may differ between CPUs:
+    the same options must give the same bytes everywhere.
+    """
+    t = [2 * math.pi * k / 48 for k in range(48)]
+    x = [16 * math.sin(a) ** 3 for a in t]
+    y = [-(13 * math.cos(a) - 5 * math.cos(2 * a) - 2 * math.cos(3 * a) - math.cos(4 * a)) for a in t]
+    cx, cy = (max(x) + min(x)) / 2, (max(y) + min(y)) / 2
+    x, y = [v - cx for v in x], [v - cy for v in y]
+    scale = max(math.hypot(u, v) for u, v in zip(x, y))
+    return tuple((u / scale, v / scale) for u, v in zip(x, y))
 
 
 def _outline(kind: str) -> list[tuple[float, float]]:
@@ -125,7 +129,7 @@ def _outline(kind: str) -> list[tuple[float, float]]:
     if kind == "diamond":
         return [(1, 0), (0, 0.6), (-1, 0), (0, -0.6)]
     if kind == "ellipse":
-        return [(math.cos(a), 0.55 * math.sin(a)) for a in np.linspace(0, 2 * math.pi, 40, endpoint=False)]
+        return [(math.cos(2 * math.pi * k / 40), 0.55 * math.sin(2 * math.pi * k / 40)) for k in range(40)]
     if kind == "star":
         return [((1 if k % 2 == 0 else 0.45) * math.cos(math.pi * k / 5),
                  (1 if k % 2 == 0 else 0.45) * math.sin(math.pi * k / 5)) for k in range(10)]
@@ -197,7 +201,7 @@ def _background(rng: np.random.Generator, texture: str, base, side: int) -> np.n
     elif texture == "dotted":
         du = (u / period) % 1 - 0.5
         dv = (v / period) % 1 - 0.5
-        share = (np.hypot(du, dv) < 0.28).astype(np.float32)
+        share = (du * du + dv * dv < 0.28 * 0.28).astype(np.float32)
     elif texture == "gradient":
         share = np.clip(u + 0.5, 0, 1)
     else:  # cloudy: smooth blotches from a coarse random field

@@ -308,40 +308,38 @@ def main(argv=None) -> int:
                 use_time_limit = has_time_limit(env)
             elif use_time_limit and not has_time_limit(env):
                 raise BenchError("--stop time-limit: the installed train-project has no --time-limit")
+            taken = [str(work / "runs" / name) for name in names if (work / "runs" / name).exists()]
+            if taken:
+                raise BenchError(f"{', '.join(taken)} exist(s); remove them or pick another --work")
             work.mkdir(parents=True, exist_ok=True)
             args.out.mkdir(parents=True, exist_ok=True)
             made = time.monotonic()
             database, tags = make_dataset(work, args.count, args.size, args.seed)
             print(f"dataset: {database} ({args.count} posts, {len(tags)} tags, {time.monotonic() - made:.0f} s)")
-            results = {}
-            for name in names:
-                project = work / "runs" / name
-                if project.exists():
-                    raise BenchError(f"{project} exists; remove it or pick another --work")
-                write_project(project, recipes[name], database, tags, args.size)
-                print(f"{name}: training for {args.budget:g} s "
-                      f"({'--time-limit' if use_time_limit else 'SIGINT at the budget'}) ...", flush=True)
-                run = train(project, args.budget, use_time_limit, env, project / "train.log")
-                # --time-limit keeps its own time (from a moment after the process starts): all its
-                # validations count; a signalled run's count up to the signal.
-                points = curve(project, run["started"], None if use_time_limit else args.budget)
-                if not points:
-                    raise BenchError(f"{project}: no validation within the budget; see {project / 'train.log'}")
-                config = json.loads((project / "project.json").read_text())
-                validation = sum(p["seconds"] or 0 for p in points)
-                results[name] = {"config": config, "run": run, "curve": points,
-                                 "train_records": _train_records(project),
-                                 "validation_share": validation / run["seconds"]}
-                last = points[-1]
-                if run["stopped_by"] == "finished":
-                    print(f"warning: {name} reached its epoch_count after {run['seconds']:.0f} s, before the "
-                          "budget; raise it (and stretch its schedule) to compare at equal time", flush=True)
-                print(f"{name}: {run['stopped_by']} after {run['seconds']:.0f} s; last validation at "
-                      f"{last['minutes']:.1f} min: " + ", ".join(f"{LABELS[m]} {last[m]:.4f}" for m in METRICS),
-                      flush=True)
         except BenchError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+        results, failed = {}, {}
+        for name in names:
+            project = work / "runs" / name
+            write_project(project, recipes[name], database, tags, args.size)
+            print(f"{name}: training for {args.budget:g} s "
+                  f"({'--time-limit' if use_time_limit else 'SIGINT at the budget'}) ...", flush=True)
+            try:
+                results[name] = measure(project, args.budget, use_time_limit, env)
+            except BenchError as error:  # the others still run: each is minutes of work
+                print(f"error: {name}: {error}", file=sys.stderr, flush=True)
+                failed[name] = str(error)
+                continue
+            run, last = results[name]["run"], results[name]["curve"][-1]
+            if run["stopped_by"] == "finished":
+                print(f"warning: {name} reached its epoch_count after {run['seconds']:.0f} s, before the "
+                      "budget; raise it (and stretch its schedule) to compare at equal time", flush=True)
+            print(f"{name}: {run['stopped_by']} after {run['seconds']:.0f} s; last validation at "
+                  f"{last['minutes']:.1f} min: " + ", ".join(f"{LABELS[m]} {last[m]:.4f}" for m in METRICS),
+                  flush=True)
+        if not results:
+            return 1
         held_out = {name: result["curve"][-1]["validation_records"] for name, result in results.items()}
         if len(set(held_out.values())) > 1:
             print(f"warning: the recipes were validated on different numbers of posts {held_out}: a recipe "
@@ -351,13 +349,30 @@ def main(argv=None) -> int:
         (args.out / "quality.md").write_text(text)
         (args.out / "quality.json").write_text(json.dumps(
             {"budget_seconds": args.budget, "count": args.count, "size": args.size, "seed": args.seed,
-             "stop": "time-limit" if use_time_limit else "signal", "table": table, "runs": results}, indent=2))
+             "stop": "time-limit" if use_time_limit else "signal", "table": table, "runs": results,
+             "failed": failed}, indent=2))
         written = plots(results, args.out)
         print()
         print(text)
         print(f"written: {args.out / 'quality.json'}, {args.out / 'quality.md'}, "
               + ", ".join(str(p) for p in written))
-    return 0
+        if failed:
+            print(f"failed: {', '.join(failed)} (see above)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def measure(project: Path, budget: float, use_time_limit: bool, env) -> dict:
+    """Train one recipe's project for the budget and read its curve."""
+    run = train(project, budget, use_time_limit, env, project / "train.log")
+    # --time-limit keeps its own time (from a moment after the process starts): all its
+    # validations count; a signalled run's count up to the signal.
+    points = curve(project, run["started"], None if use_time_limit else budget)
+    if not points:
+        raise BenchError(f"{project}: no validation within the budget; see {project / 'train.log'}")
+    config = json.loads((project / "project.json").read_text())
+    validation = sum(p["seconds"] or 0 for p in points)
+    return {"config": config, "run": run, "curve": points, "train_records": _train_records(project),
+            "validation_share": validation / run["seconds"]}
 
 
 def _train_records(project: Path) -> int:

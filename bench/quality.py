@@ -147,10 +147,14 @@ def has_time_limit(env) -> bool:
 
 
 def make_dataset(work: Path, count: int, size: int, seed: int) -> tuple[Path, list[str]]:
+    from deepdanbooru.errors import UserError
     from deepdanbooru.sample.generator import generate_sample_dataset
 
-    return generate_sample_dataset(work / "dataset", count=count, size=size, seed=seed, preset="hard",
-                                   reuse_identical=True)
+    try:
+        return generate_sample_dataset(work / "dataset", count=count, size=size, seed=seed, preset="hard",
+                                       reuse_identical=True)
+    except UserError as error:  # e.g. --work holds a dataset made with other options
+        raise BenchError(str(error)) from None
 
 
 def write_project(directory: Path, recipe: dict, database: Path, tags: list[str], size: int) -> None:

@@ -20,6 +20,7 @@ from deepdanbooru.errors import UserError
 from deepdanbooru.formats import IMAGE_FORMATS
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
 from deepdanbooru.preflight.options import PREFLIGHT_OPTIONS
+from deepdanbooru.project.recipes import DEFAULT_RECIPE, RECIPES
 from deepdanbooru.tfimport import install_quiet_import
 
 
@@ -62,11 +63,14 @@ def main(ctx, debug):
 @main.command("create-project")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
 @click.option("--force", is_flag=True, help="Overwrite an existing project.json.")
-def create_project(project_path, force):
-    """Create PROJECT_PATH with a default project.json."""
+@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, type=click.Choice(list(RECIPES)),
+              help="deepdanbooru: DeepDanbooru's defaults; modern: the backbone, loss, optimizer, schedule and "
+                   "augmentation measured best at equal time (docs/quality.md).")
+def create_project(project_path, force, recipe):
+    """Create PROJECT_PATH with a default project.json (or a recipe's)."""
     from deepdanbooru.project.create import create_project as create
 
-    create(project_path, force=force, echo=click.echo)
+    create(project_path, force=force, echo=click.echo, recipe=recipe)
 
 
 @main.command("train-project")
@@ -126,16 +130,19 @@ def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Same seed, same files.")
 @click.option("--format", "image_format", default="jpg", show_default=True,
               type=click.Choice([f.extension for f in IMAGE_FORMATS]), help="Image file format.")
+@click.option("--preset", default="basic", show_default=True, type=click.Choice(["basic", "hard"]),
+              help="basic: the sample project's 17 tags; hard: 197 long-tailed tags of counts, sizes and "
+                   "relations on textured, noisy backgrounds (docs/sample.md).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing dataset.sqlite and tags.txt (one made with the same options is kept).")
-def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
+def make_sample_dataset(directory, count, size, seed, image_format, preset, overwrite):
     """Write a synthetic DeepDanbooru-layout dataset (SQLite + images + tags.txt) to DIRECTORY."""
     from deepdanbooru.sample.generator import existing_recipe, generate_sample_dataset
 
     before = existing_recipe(directory)
     database, tags = generate_sample_dataset(directory, count=count, size=size, seed=seed,
                                              image_format=image_format, overwrite=overwrite,
-                                             reuse_identical=True)
+                                             reuse_identical=True, preset=preset)
     if not overwrite and before is not None:  # anything but an identical earlier dataset raised above
         click.echo(f"{database} already holds this sample dataset ({count} posts); nothing to do")
     else:

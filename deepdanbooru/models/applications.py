@@ -36,6 +36,7 @@ import re
 import keras
 from keras import layers
 
+from deepdanbooru.compat import is_op_node
 from deepdanbooru.models.blocks import layer_seed
 from deepdanbooru.models.table import APPLICATION_MINIMUM, get_architecture
 
@@ -144,9 +145,9 @@ class _Replay:
                 if inner["class_name"] != "InputLayer":
                     x = self.make(inner, inner["config"]["name"])(x)
             self.tensors[entry["name"]] = x
-        elif entry["module"].startswith("keras.src.ops") and kind == "Add":
+        elif is_op_node(entry) and kind == "Add":
             self.tensors[entry["name"]] = layers.Add(name=self.stable_name(entry))(args)
-        elif entry["module"].startswith("keras.src.ops"):
+        elif is_op_node(entry):
             raise ValueError(f"{self.model_name}: op node {kind!r} has no built-in layer here; update "
                              "deepdanbooru.models.applications")
         else:

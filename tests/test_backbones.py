@@ -19,7 +19,8 @@ from deepdanbooru.models import build_model, check_model_input, count_weights, p
 from deepdanbooru.project.config import load_config
 
 # One small member of each family: the '_small' / '_s' rows are checked through their counts only.
-FAMILIES = {"convnext_tiny": (32, 32, 3), "efficientnetv2_b0": (32, 48, 3), "vit_small_patch16": (32, 48, 3)}
+# The ViT is not square so its position embedding and grad-cam grid are seen to follow both sides.
+FAMILIES = {"convnext_tiny": (32, 32, 3), "efficientnetv2_b0": (32, 32, 3), "vit_small_patch16": (32, 48, 3)}
 
 # (trainable, non_trainable) at 224x224 with 1000 tags: the published ImageNet-1k counts of ConvNeXt-T/S,
 # EfficientNetV2-B0/S, and ViT-S/16 less its class token and that token's position (2 x 384).
@@ -87,7 +88,7 @@ def test_builds_equal_their_counts_and_hold_only_built_in_layers(built):
     assert isinstance(scale, keras.layers.DepthwiseConv2D)
     np.testing.assert_array_equal(scale.get_weights()[0], np.full((1, 1, 96, 1), 1e-6, np.float32))
     # The application's preprocessing, folded for [0, 1] input: ImageNet mean and deviation.
-    image = np.full((1, 32, 48, 3), 0.485, np.float32)
+    image = np.full((1, 32, 32, 3), 0.485, np.float32)
     assert abs(float(built["efficientnetv2_b0"].get_layer("preprocess")(image)[0, 0, 0, 0])) < 1e-6
 
 
@@ -143,8 +144,12 @@ def test_each_family_trains_exports_and_opens_in_plain_keras(trained, tmp_path):
                             capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     plain = json.loads(result.stdout.strip().splitlines()[-1])
+    from deepdanbooru.inference.gradcam import feature_tensor
+
+    grids = {"convnext_tiny": (1, 1, 768), "efficientnetv2_b0": (1, 1, 1280), "vit_small_patch16": (2, 3, 384)}
     for name, project in trained.items():
         model = keras.models.load_model(project / f"model-{name}.keras")
+        assert tuple(feature_tensor(model).shape[1:]) == grids[name]
         expected = keras.ops.convert_to_numpy(model(x[:, :model.input_shape[1], :model.input_shape[2]]))
         np.testing.assert_allclose(plain[str(project / f"model-{name}.keras")], expected, atol=1e-6)
         fresh = build_model(name, FAMILIES[name], model.output_shape[-1], seed=0)
@@ -154,43 +159,46 @@ def test_each_family_trains_exports_and_opens_in_plain_keras(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_each_family_converts_to_tflite_and_onnx(trained, tmp_path):
+@pytest.mark.parametrize("name", ["convnext_tiny", "vit_small_patch16"])
+def test_gelu_families_convert_to_onnx(trained, tmp_path, name):
+    """Exact GELU (erfc, which ONNX lacks), depthwise convs, the ViT's op nodes and attention.
+    TFLite takes every TensorFlow op these use, and EfficientNetV2 only layer kinds the ResNets' conversion
+    tests cover: the rows' other conversions passed when they were added and are not repeated in CI."""
     from deepdanbooru.inference.convert import onnx_available
 
-    formats = ["tflite", "onnx"] if onnx_available() else ["tflite"]
-    for name, project in trained.items():
-        for output_format in formats:
-            output = tmp_path / f"{name}.{output_format}"
-            result = run_cli("conv2tflite", "--project-path", project, "--save-path", output)
-            assert result.exit_code == 0, (name, output_format, result.output)
-            assert "Largest absolute difference from Keras on 8 sample inputs" in result.output
-            assert output.stat().st_size > 1_000_000
+    if not onnx_available():
+        pytest.skip("tf2onnx and onnxruntime are not installed")
+    output = tmp_path / f"{name}.onnx"
+    result = run_cli("conv2tflite", "--project-path", trained[name], "--save-path", output)
+    assert result.exit_code == 0, (name, result.output)
+    assert "Largest absolute difference from Keras on 8 sample inputs" in result.output
+    assert output.stat().st_size > 1_000_000
 
 
 @pytest.mark.slow
-def test_grad_cam_on_each_family(trained, tmp_path, sample_dataset):
-    from deepdanbooru.inference.gradcam import feature_tensor
-
+def test_grad_cam_on_the_vit(trained, tmp_path, sample_dataset):
+    """The ViT's token grid is laid out as a feature map; the convolutional families' maps are checked
+    beside the plain-Keras load and go through grad-cam like the ResNets'."""
     database, _ = sample_dataset
     image = sorted((database.parent / "images").rglob("*.jpg"))[0]
-    grids = {"convnext_tiny": (1, 1, 768), "efficientnetv2_b0": (1, 2, 1280), "vit_small_patch16": (2, 3, 384)}
-    for name, project in trained.items():
-        model = keras.models.load_model(project / f"model-{name}.keras")
-        assert tuple(feature_tensor(model).shape[1:]) == grids[name]
-        output = tmp_path / name
-        result = run_cli("grad-cam", project, image, output, "--threshold", "0")
-        assert result.exit_code == 0, (name, result.output)
-        assert len(list(output.rglob("*.gradcam.png"))) == model.output_shape[-1]
+    project = trained["vit_small_patch16"]
+    result = run_cli("grad-cam", project, image, tmp_path, "--threshold", "0")
+    assert result.exit_code == 0, result.output
+    tags = len((project / "tags.txt").read_text().split())
+    assert len(list(tmp_path.rglob("*.gradcam.png"))) == tags
 
 
 @pytest.mark.slow
 def test_each_family_builds_and_steps_under_mixed_precision():
     import tensorflow as tf
 
-    from deepdanbooru.training.precision import MIXED, global_policy, with_policy
+    from deepdanbooru.models.precision import MIXED, global_policy, with_policy
 
     x = np.random.default_rng(1).uniform(size=(2, 32, 48, 3)).astype(np.float32)
-    for name, shape in FAMILIES.items():
+    # 32x48: at 32x32 EfficientNetV2's last batch norms see 1x1 maps of 2 images, whose float16
+    # gradients overflow without the loss scaling training applies.
+    for name in FAMILIES:
+        shape = (32, 48, 3)
         with global_policy(MIXED):
             model = build_model(name, shape, 5, seed=0)
         assert model.get_layer("head_dense").compute_dtype == "float16"
@@ -207,10 +215,10 @@ def test_each_family_builds_and_steps_under_mixed_precision():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["efficientnetv2_b0", "vit_small_patch16"])
-def test_two_logical_devices_train(tmp_path, sample_dataset, name):
-    """MirroredStrategy over two logical CPUs: EfficientNetV2 has batch norm to synchronize, the ViT op
-    nodes and attention (ConvNeXt has neither, only layers the ResNets' tests already cover mirrored)."""
+def test_two_logical_devices_train(tmp_path, sample_dataset):
+    """MirroredStrategy over two logical CPUs for the ViT's op nodes and attention. ConvNeXt and
+    EfficientNetV2 hold only layer kinds (batch norm to synchronize included) the ResNets' mirrored tests cover."""
+    name = "vit_small_patch16"
     height, width, _ = FAMILIES[name]
     project = make_project(tmp_path / "mirrored", *sample_dataset, model=name, epoch_count=1,
                            image_height=height, image_width=width, checkpoint_frequency_mb=6)
@@ -362,9 +370,9 @@ def test_frozen_epoch_trains_only_the_head_then_everything(frozen_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checkpoint", ["ckpt-2", "ckpt-3"])
-def test_resume_across_the_freeze_switch_is_exact(frozen_run, tmp_path, checkpoint):
-    """ckpt-2 is inside the frozen epoch, ckpt-3 its last slice (the switch comes next)."""
+def test_resume_across_the_freeze_switch_is_exact(frozen_run, tmp_path):
+    """ckpt-2 is inside the frozen epoch: the resumed run freezes again, then switches."""
+    checkpoint = "ckpt-2"
     from deepdanbooru.training.train import train_project
 
     project, _, _, stopped = frozen_run

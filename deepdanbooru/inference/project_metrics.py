@@ -95,6 +95,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.pipeline import diagnose, inference_dataset
+    from deepdanbooru.models.losses import project_loss
     from deepdanbooru.training.validation import BatchScorer, measure
 
     configure_devices(allow_gpu)
@@ -107,7 +108,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
                                 tags=tags)
     seen = set()
     try:
-        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold,
+        metrics = measure(BatchScorer(model, project_loss(config, "none"), height, width), dataset, threshold,
                           observe=lambda positions: seen.update(int(p) for p in positions))
     except ValueError as error:
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None

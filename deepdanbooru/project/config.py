@@ -25,8 +25,13 @@ MODEL_NAMES = (
     "resnet_custom_v4",
     "resnet_small",
 )
-LOSS_NAMES = ("binary_crossentropy", "focal_loss")
-OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
+LOSS_NAMES = ("binary_crossentropy", "focal_loss", "asymmetric")
+OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop", "adamw", "lamb")
+LR_SCHEDULES = ("steps", "warmup_cosine")
+HEAD_BIAS_INITS = ("zeros", "log_prior")
+TAG_LOSS_WEIGHTS = ("log_frequency",)
+# adamw and lamb decay by this much when weight_decay is null (timm's and ConvNeXt's usual AdamW value).
+DEFAULT_WEIGHT_DECAY = 0.05
 DEEPDANBOORU_EXTENSIONS = ("png", "jpg", "jpeg")
 IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "gif", "webp", "bmp")
 BEST_MODEL_METRICS = ("macro_f1", "micro_f1", "map", "mcc", "loss")
@@ -112,6 +117,15 @@ def _optional_path(value) -> str | None:
 
 def _optional_float(**limits) -> Callable[[Any], float | None]:
     inner = _float(**limits)
+
+    def check(value):
+        return None if value is None else inner(value)
+
+    return check
+
+
+def _optional_choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
+    inner = _choice(options)
 
     def check(value):
         return None if value is None else inner(value)
@@ -262,8 +276,48 @@ KEYS: tuple[Key, ...] = (
         ", ".join(BEST_MODEL_METRICS), spec=False),
     Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
         "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
+    # The recipe keys (issue 17). Defaults: DeepDanbooru's recipe, unchanged.
+    Key("asl_gamma_neg", 4.0, _float(0.0), "loss asymmetric: focusing exponent of the negatives", "float", ">= 0",
+        spec=False),
+    Key("asl_gamma_pos", 0.0, _float(0.0), "loss asymmetric: focusing exponent of the positives", "float", ">= 0",
+        spec=False),
+    Key("asl_clip", 0.05, _float(0.0, 0.5),
+        "loss asymmetric: probability margin subtracted from a negative's score (0: no shifting)", "float",
+        "0 to 0.5", spec=False),
+    Key("weight_decay", None, _optional_float(minimum=0.0),
+        f"optimizer adamw or lamb: decoupled weight decay (times the learning rate), not applied to biases and "
+        f"normalization parameters; null: {DEFAULT_WEIGHT_DECAY}", "float or null", ">= 0", spec=False),
+    Key("lr_schedule", "steps", _choice(LR_SCHEDULES),
+        "steps: learning_rate / learning_rates per epoch; warmup_cosine: per minibatch, linear warmup to "
+        "learning_rate over warmup_epochs, then cosine down to min_learning_rate at the end of epoch_count",
+        "str", ", ".join(LR_SCHEDULES), spec=False),
+    Key("warmup_epochs", 1.0, _float(0.0), "lr_schedule warmup_cosine: length of the linear warmup, in epochs",
+        "float", ">= 0", spec=False),
+    Key("min_learning_rate", 0.0, _float(0.0), "lr_schedule warmup_cosine: the rate the cosine ends at", "float",
+        ">= 0, <= learning_rate", spec=False),
+    Key("ema_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True),
+        "keep an exponential moving average of the weights (decay per minibatch) in the checkpoint; validation "
+        "and exports use it (null: off)", "float or null", "0 < d < 1", spec=False),
+    Key("head_bias_init", "zeros", _choice(HEAD_BIAS_INITS),
+        "from scratch, the output bias of each tag: zeros, or log_prior (the log-odds of its frequency in the "
+        "training records; models whose head has a bias)", "str", ", ".join(HEAD_BIAS_INITS), spec=False),
+    Key("tag_loss_weights", None, _optional_choice(TAG_LOSS_WEIGHTS),
+        "null: every tag weighs 1 in the loss; log_frequency: 1 + ln(records / tag count), scaled to mean 1, "
+        "so rarer tags weigh more", "str or null", ", ".join(TAG_LOSS_WEIGHTS), spec=False),
 )
 KEY_BY_NAME = {key.name: key for key in KEYS}
+
+# A key that only one setting of another key reads: giving it with any other setting is an error,
+# so a value that would be silently ignored never looks like it took effect.
+USED_ONLY_WITH = {
+    "asl_gamma_neg": ("loss", ("asymmetric",)),
+    "asl_gamma_pos": ("loss", ("asymmetric",)),
+    "asl_clip": ("loss", ("asymmetric",)),
+    "weight_decay": ("optimizer", ("adamw", "lamb")),
+    "warmup_epochs": ("lr_schedule", ("warmup_cosine",)),
+    "min_learning_rate": ("lr_schedule", ("warmup_cosine",)),
+    "learning_rates": ("lr_schedule", ("steps",)),
+}
 
 # What create-project writes: SPEC keys in SPEC order plus the ones of ours a new
 # project should see. learning_rates is absent by default (SPEC).
@@ -300,6 +354,16 @@ class ProjectConfig:
     validation_threshold: float
     best_model_metric: str
     gradient_clip_norm: float | None
+    asl_gamma_neg: float
+    asl_gamma_pos: float
+    asl_clip: float
+    weight_decay: float | None
+    lr_schedule: str
+    warmup_epochs: float
+    min_learning_rate: float
+    ema_decay: float | None
+    head_bias_init: str
+    tag_loss_weights: str | None
     unknown_keys: tuple[str, ...] = field(default=())
 
     @property
@@ -316,6 +380,13 @@ class ProjectConfig:
             if step.used_epoch <= epoch:
                 rate = step.learning_rate
         return rate
+
+    @property
+    def decay(self) -> float | None:
+        """The weight decay the optimizer applies (None: the optimizer has none)."""
+        if self.optimizer not in USED_ONLY_WITH["weight_decay"][1]:
+            return None
+        return DEFAULT_WEIGHT_DECAY if self.weight_decay is None else self.weight_decay
 
     def require_database(self) -> Path:
         """The database path, checked to exist (training and preflight need it)."""
@@ -345,6 +416,7 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None) -> Pro
             values[key.name] = key.check(raw[key.name])
         except _Invalid as error:
             raise ConfigError(file_field(source, key.name, str(error))) from None
+    _check_combinations(raw, values, source)
     unknown = tuple(sorted(name for name in raw if name not in KEY_BY_NAME))
     for name in unknown:
         warnings.warn(f"{source}: unknown key {name!r} is ignored{_did_you_mean(name, KEY_BY_NAME)}",
@@ -356,6 +428,18 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None) -> Pro
             database = project_dir / database
     values["database_path"] = database
     return ProjectConfig(project_dir=project_dir, unknown_keys=unknown, **values)
+
+
+def _check_combinations(raw: dict, values: dict, source: Path) -> None:
+    for name, (owner, settings) in USED_ONLY_WITH.items():
+        if raw.get(name) is not None and values[owner] not in settings:
+            raise ConfigError(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
+                                                       f"{owner} is {_show(values[owner])}; remove it or change "
+                                                       f"{owner}"))
+    if values["lr_schedule"] == "warmup_cosine" and values["min_learning_rate"] > values["learning_rate"]:
+        raise ConfigError(file_field(source, "min_learning_rate", f"must be <= learning_rate "
+                                                                  f"({values['learning_rate']}), got "
+                                                                  f"{_show(raw['min_learning_rate'])}"))
 
 
 def load_config(project_dir) -> ProjectConfig:

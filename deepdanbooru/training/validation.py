@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from deepdanbooru.errors import TrainingError, file_field
-from deepdanbooru.models import make_loss
+from deepdanbooru.models.losses import as_loss, project_loss
 from deepdanbooru.pipeline import BadImageTracker, inference_dataset
 from deepdanbooru.training.metrics import ValidationMetrics, write_metrics_json, write_thresholds_csv
 from deepdanbooru.training.monitors import Progress, ValidationReport
@@ -24,10 +24,10 @@ from deepdanbooru.training.monitors import Progress, ValidationReport
 class BatchScorer:
     """(images, labels) -> (float32 scores, summed per-image loss); one trace serves every batch size."""
 
-    def __init__(self, model, loss_name: str, height: int, width: int):
+    def __init__(self, model, loss, height: int, width: int):
         self.model = model
         self.n_tags = int(model.output_shape[-1])
-        self._loss = make_loss(loss_name, reduction="none")
+        self._loss = as_loss(loss, "none")
         self._call = tf.function(self._score, input_signature=[
             tf.TensorSpec([None, height, width, 3], tf.float32),
             tf.TensorSpec([None, self.n_tags], tf.float32),
@@ -66,7 +66,8 @@ class Validator:
         self.dataset = inference_dataset(
             self.paths, height=config.image_height, width=config.image_width, batch_size=config.minibatch_size,
             max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags))
-        self.scorer = BatchScorer(model, config.loss, config.image_height, config.image_width)
+        # The project's loss without tag_loss_weights: the figure evaluate-project --metrics computes too.
+        self.scorer = BatchScorer(model, project_loss(config, "none"), config.image_height, config.image_width)
         self.latest: ValidationReport | None = None
         self._logged_bad = False
 

@@ -67,6 +67,11 @@ def final_feature_size(name: str, height: int, width: int) -> tuple[int, int]:
     return height, width
 
 
+def head_has_bias(name: str) -> bool:
+    """Whether the model's output layer has a bias (head_bias_init log_prior needs one)."""
+    return get_architecture(name).head == "dense"
+
+
 def minimum_input_size(name: str) -> int:
     """Smallest height (or width) the model accepts."""
     if get_architecture(name).head != "dense":

@@ -27,6 +27,7 @@ class WeightAverage:
         # Only the averages: the weights are already saved under the model's key.
         self.state = tf.Module(name=CHECKPOINT_KEY)
         self.state.averages = self.averages
+        self._depth = 0  # swapped() may nest (an export that validates): only the outermost exchanges
 
     def update(self) -> None:
         """Call in cross-replica context after the optimizer step."""
@@ -47,11 +48,15 @@ class WeightAverage:
 
     @contextlib.contextmanager
     def swapped(self):
-        self._exchange()
+        if self._depth == 0:
+            self._exchange()
+        self._depth += 1
         try:
             yield
         finally:
-            self._exchange()
+            self._depth -= 1
+            if self._depth == 0:
+                self._exchange()
 
 
 def checkpoint_has_average(checkpoint_path: str) -> bool:

@@ -17,6 +17,7 @@ same batches with the same augmentation as a run that never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from dataclasses import replace
@@ -28,11 +29,17 @@ import tensorflow as tf
 
 from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
+from deepdanbooru.models.head import grow_vocabulary, set_head_bias
+from deepdanbooru.models.losses import project_loss
+from deepdanbooru.models.optimizers import decay_exempt
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training.chief import checkpoint_manager
+from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
 from deepdanbooru.training.export import export_model
 from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, validation_trigger
 from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
+from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
+from deepdanbooru.training.schedule import LearningRateSchedule
 from deepdanbooru.training.state import (
     Counters,
     ResumeState,
@@ -86,17 +93,47 @@ def _check_model_shapes(model, plan, source) -> None:
     output = tuple(model.output_shape)
     if len(output) != 2 or output[1] != len(plan.tags):
         raise ModelError(file_field(source, "output", f"model output is {output[1:]}, but {plan.paths.tags} "
-                                    f"has {len(plan.tags)} tags; the output width must equal the tag count"))
+                                    f"has {len(plan.tags)} tags; give --source-tags (the tags.txt the model was "
+                                    "trained with) to map its outputs onto these tags by name"))
 
 
-def _make_model(plan, policy: str) -> keras.Model:
+class _Priors:
+    """Per-tag counts over the training records, counted once and only when a key needs them."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self._counts = None
+
+    @property
+    def counts(self) -> list[int]:
+        if self._counts is None:
+            self._counts = tag_counts(self.plan.train.tag_strings, self.plan.tags)
+        return self._counts
+
+    def log_odds(self) -> list[float]:
+        return log_odds(self.counts, len(self.plan.train))
+
+    def loss_weights(self) -> list[float] | None:
+        if self.plan.config.tag_loss_weights is None:
+            return None
+        return log_frequency_weights(self.counts, len(self.plan.train))
+
+
+def _make_model(plan, policy: str, priors: _Priors, echo=print) -> keras.Model:
     """Call inside the strategy scope: every variable must be created there."""
     config = plan.config
     if plan.source_model is None:
         with global_policy(policy):
-            return build_model(config.model, config.input_shape, len(plan.tags), seed=config.seed)
+            model = build_model(config.model, config.input_shape, len(plan.tags), seed=config.seed)
+        if config.head_bias_init == "log_prior":
+            set_head_bias(model, priors.log_odds())
+        return model
     # Loaded outside our control (maybe compiled, maybe another policy): rebuild uncompiled under ours.
     loaded = load_model_file(plan.source_model)
+    if plan.source_tags is not None and list(plan.source_tags) != list(plan.tags):
+        loaded, summary = grow_vocabulary(loaded, plan.source_tags, plan.tags, priors.log_odds(), plan.source_model)
+        echo(f"--source-model {plan.source_model.name}: kept {summary['kept']:,} tags, {summary['new']:,} new, "
+             f"{summary['dropped']:,} dropped")
     _check_model_shapes(loaded, plan, plan.source_model)
     return with_policy(loaded, policy)
 
@@ -139,19 +176,25 @@ class SliceTrainer:
             _, saved = read_checkpoint_state(self.latest)
             check_identity(saved, self.identity, self.paths.checkpoints, self.paths.tags, self.config.config_path)
 
+        self.schedule = LearningRateSchedule(self.config, self.n)
+        priors = _Priors(plan)
         with self.strategy.scope():
-            self.model = _make_model(plan, self.policy)
-            rate = self.config.learning_rate_for_epoch(0)
+            self.model = _make_model(plan, self.policy, priors, echo)
+            rate = self.schedule.rate(0, 0)
             self.optimizer, inner = build_optimizer(
                 # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
-                lambda: make_optimizer(self.config.optimizer, rate, global_clipnorm=self.config.gradient_clip_norm),
+                lambda: make_optimizer(self.config.optimizer, rate, global_clipnorm=self.config.gradient_clip_norm,
+                                       weight_decay=self.config.decay, decay_exempt_variables=decay_exempt(self.model)),
                 self.policy == MIXED)
             # Built before any restore, so every slot exists and the restore fills it in place.
             self.optimizer.build(self.model.trainable_variables)
+            self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
         synchronize_batch_norm(self.model, self.strategy)
         self.state = ResumeState()
         self._core = dict(model=self.model, optimizer=inner, state=self.state,
                           loss_scale=LossScaleState(self.optimizer))
+        if self.ema is not None:
+            self._core["ema"] = self.ema.state
         self.checkpoint = tf.train.Checkpoint(**self._core, monitors=_monitor_state(self.monitors))
         # Only the chief writes checkpoints; a worker's manager only counts them.
         self.manager = checkpoint_manager(self.checkpoint, self.paths.checkpoints, self.role, self.latest,
@@ -163,8 +206,9 @@ class SliceTrainer:
                 self.config, self.identity, self.records_hash, self.counters, self.latest))
         # used_sample at the start of this process; the step's counter adds what this process trains.
         self._base_samples = self.counters.used_sample
-        self.step = TrainStep(self.strategy, self.model, self.optimizer, self.config.loss,
-                              loss_scaled=self.policy == MIXED)
+        self.step = TrainStep(self.strategy, self.model, self.optimizer,
+                              project_loss(self.config, "none", priors.loss_weights()),
+                              loss_scaled=self.policy == MIXED, ema=self.ema)
         self.step.counters.step.assign(self.counters.used_minibatch)
         # Validation writes reports and exports: the chief's job in a cluster.
         self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
@@ -177,15 +221,21 @@ class SliceTrainer:
     def _restore(self) -> Counters:
         if not self.latest:
             return Counters()
+        checkpoint, core = self.checkpoint, self._core
+        fresh_average = self.ema is not None and not checkpoint_has_average(self.latest)
+        if fresh_average:
+            # Written before ema_decay was set: restore the rest, then start the average at those weights.
+            core = {key: value for key, value in core.items() if key != "ema"}
+            checkpoint = tf.train.Checkpoint(**core, monitors=self.checkpoint.monitors)
         try:
-            status = self.checkpoint.restore(self.latest)
+            status = checkpoint.restore(self.latest)
             if not self.role.is_chief:
                 status.expect_partial()  # a worker has no monitors: their saved state is the chief's alone
             try:
                 status.assert_existing_objects_matched()
             except AssertionError:
                 # Monitor state (e.g. the best-so-far value) may predate this checkpoint; only the core must match.
-                tf.train.Checkpoint(**self._core).read(self.latest).assert_existing_objects_matched()
+                tf.train.Checkpoint(**core).read(self.latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
             raise TrainingError(file_field(
@@ -193,6 +243,9 @@ class SliceTrainer:
                 f"does not fit the model being trained ({reason}); resume with the same model "
                 f"(and --source-model) it was saved with, or delete {self.paths.checkpoints} to start fresh"
             )) from None
+        if fresh_average:
+            self.ema.reset()
+            self.echo(f"notice: {self.latest} holds no weight average; ema_decay starts it at the restored weights")
         counters = self.state.counters()
         saved_records = self.state.records_hash.numpy().decode()
         if saved_records and saved_records != self.records_hash and counters.offset:
@@ -221,7 +274,7 @@ class SliceTrainer:
                       f"Raise epoch_count in {self.config.config_path} to train further")
         while c.used_epoch < epochs:
             order = _epoch_order(self.n, self.config.seed, c.random_seed)
-            self.optimizer.learning_rate = self.config.learning_rate_for_epoch(c.used_epoch)
+            self.optimizer.learning_rate = self.schedule.rate(c.used_epoch, c.used_minibatch)
             while c.offset < self.n:
                 self._train_slice(order)
             self._end_epoch()
@@ -245,6 +298,8 @@ class SliceTrainer:
         self.step.bind(distributed.element_spec)
         steps = 0
         for batch in distributed:
+            if self.schedule.per_minibatch:
+                self.optimizer.learning_rate = self.schedule.rate(c.used_epoch, c.used_minibatch)
             self.step(batch)
             steps += 1
             c.used_minibatch += 1
@@ -309,7 +364,7 @@ class SliceTrainer:
         raise TrainingError(file_field(
             self.config.config_path, "learning_rate",
             f"non-finite loss at step {step} (epoch {self.counters.used_epoch + 1}); training stopped and "
-            f"{kept}. Lower the learning rate (now {self.config.learning_rate_for_epoch(self.counters.used_epoch)}"
+            f"{kept}. Lower the learning rate (now {self._rate()}"
             ") or set gradient_clip_norm, then run train-project again"))
 
     def _save_checkpoint(self) -> str:
@@ -330,21 +385,28 @@ class SliceTrainer:
         if not self.role.is_chief:
             return  # exports read the mirrored weights without collectives: the chief alone writes them
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
-        written = export_model(self.model, path, float32_copy=copy)
-        if self.validator is not None:
-            report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
-            write_sidecars(path, self.plan.tags, report)
+        with self._averaged():
+            written = export_model(self.model, path, float32_copy=copy)
+            if self.validator is not None:
+                report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
+                write_sidecars(path, self.plan.tags, report)
         for monitor in self.monitors:
             monitor.on_export(written[0], kind)
             if copy is not None:
                 monitor.on_export(written[1], "float32")
 
     def _validate(self, trigger: str) -> ValidationReport:
-        report = self.validator.run(self._progress(), trigger)
-        logs: dict = {}
-        for monitor in self.monitors:
-            monitor.on_validation(report, logs)
+        # The best-model monitor exports from on_validation: it must see the weights that were measured.
+        with self._averaged():
+            report = self.validator.run(self._progress(), trigger)
+            logs: dict = {}
+            for monitor in self.monitors:
+                monitor.on_validation(report, logs)
         return report
+
+    def _averaged(self):
+        """The weights validation and exports use: the moving average with ema_decay, else the trained ones."""
+        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
 
     # --- reporting ---
 
@@ -376,9 +438,12 @@ class SliceTrainer:
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
                       precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,
                       eta_seconds=eta, fraction=progress.fraction(position),
-                      learning_rate=self.config.learning_rate_for_epoch(progress.used_epoch))
+                      learning_rate=self._rate())
         for monitor in self.monitors:
             monitor.on_step_log(log)
+
+    def _rate(self) -> float:
+        return self.schedule.rate(self.counters.used_epoch, self.counters.used_minibatch)
 
     def _run_info(self) -> RunInfo:
         slices = -(-self.n // self.slice_records)

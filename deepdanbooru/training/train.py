@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdanbooru.dataset.records import Records, load_records
-from deepdanbooru.errors import ModelError, TrainingError, file_field
-from deepdanbooru.models.table import check_model_input
+from deepdanbooru.errors import ConfigError, ModelError, TrainingError, file_field
+from deepdanbooru.models.table import check_model_input, head_has_bias
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
@@ -31,13 +31,28 @@ class TrainingPlan:
     train: Records
     validation: Records
     source_model: Path | None = None
+    # The vocabulary the source model was trained on, when known (--source-tags, or its thresholds.csv).
+    source_tags: tuple[str, ...] | None = None
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
 
 
+def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
+    """--source-tags FILE; else the `<stem>.thresholds.csv` that training writes beside each export; else None."""
+    if source_tags is not None:
+        return tuple(load_tags(source_tags))
+    stem = source_model.stem.removesuffix(".float32")
+    sidecar = source_model.with_name(stem + ".thresholds.csv")
+    if not sidecar.is_file():
+        return None
+    from deepdanbooru.training.thresholds import read_thresholds_csv
+
+    return tuple(read_thresholds_csv(sidecar))
+
+
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
-                  devices: str | None = None) -> TrainingPlan:
+                  devices: str | None = None, source_tags=None) -> TrainingPlan:
     from deepdanbooru.training.split import split_records
 
     role = cluster_role()
@@ -46,12 +61,21 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     config = load_config(paths.root)
     tags = load_tags(paths.tags)
     database = config.require_database()
+    known_tags = None
     if source_model is None:
+        if source_tags is not None:
+            raise ModelError(file_field(source_tags, None, "--source-tags is for --source-model; give both"))
         check_model_input(config.model, config.input_shape, source=config.config_path)
+        if config.head_bias_init == "log_prior" and not head_has_bias(config.model):
+            raise ConfigError(file_field(
+                config.config_path, "head_bias_init",
+                f"log_prior sets the output bias, but {config.model}'s head (1x1 convolution) has none; use "
+                "\"zeros\", or a model whose head has a bias (resnet_152)"))
     else:
         source_model = Path(source_model)
         if not source_model.is_file():
             raise ModelError(file_field(source_model, None, "--source-model file not found"))
+        known_tags = source_model_tags(source_model, source_tags)
     records = load_records(database, config.minimum_tag_count, config.image_extensions)
     if not len(records):
         raise TrainingError(file_field(
@@ -63,8 +87,8 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
-    return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision, device_choice,
-                        role)
+    return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, force_mixed_precision,
+                        device_choice, role)
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -90,12 +114,12 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
-                  monitors=None, devices: str | None = None):
+                  monitors=None, devices: str | None = None, source_tags=None):
     """Train (or resume) the project; returns the final counters (training.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
     """
-    plan = plan_training(project_dir, source_model, force_mixed_precision, devices)
+    plan = plan_training(project_dir, source_model, force_mixed_precision, devices, source_tags)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():
         # TensorFlow's C++ log would interleave our console with noise (a cuInit failure on every CPU-only

@@ -102,7 +102,8 @@ class Validator:
                 self.bad_image_log, None,
                 f"none of the {self.records} validation images could be read (they are listed in this file)"))
         self.latest = ValidationReport(progress=progress, trigger=trigger, result=metrics.result(),
-                                       records=self.records, skipped=skipped, seconds=time.monotonic() - started)
+                                       records=self.records, skipped=skipped, seconds=time.monotonic() - started,
+                                       ema_decay=self.config.ema_decay)
         return self.latest
 
 
@@ -128,6 +129,8 @@ def report_fields(report: ValidationReport) -> dict:
         "validation_records": report.records,
         "skipped_images": report.skipped,
         "seconds": round(report.seconds, 3),
+        # Which weights the export holds and these figures measure: the trained ones unless ema_decay is set.
+        **({"weights": "ema", "ema_decay": report.ema_decay} if report.ema_decay is not None else {}),
     }
 
 

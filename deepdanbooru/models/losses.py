@@ -27,6 +27,14 @@ def focal_loss(y_true, y_pred):
     return ops.mean(_focal_elementwise(y_true, y_pred), axis=-1)
 
 
+def _focal_elementwise(y_true, y_pred):
+    y_pred = ops.clip(y_pred, FOCAL_EPSILON, 1.0 - FOCAL_EPSILON)
+    y_true = ops.cast(y_true, y_pred.dtype)
+    alpha_t = y_true * FOCAL_ALPHA + (1.0 - y_true) * (1.0 - FOCAL_ALPHA)
+    p_t = y_true * y_pred + (1.0 - y_true) * (1.0 - y_pred)
+    return -alpha_t * ops.power(1.0 - p_t, FOCAL_GAMMA) * ops.log(p_t)
+
+
 @dataclass(frozen=True)
 class Asymmetric:
     """ASL (Ridnik et al., "Asymmetric Loss For Multi-Label Classification", 2021), per element.

@@ -63,6 +63,7 @@ def _float(
     minimum: float | None = None,
     maximum: float | None = None,
     exclusive_minimum: bool = False,
+    exclusive_maximum: bool = False,
 ) -> Callable[[Any], float]:
     def check(value):
         number = _number(value)
@@ -71,8 +72,8 @@ def _float(
                 raise _Invalid(f"must be > {minimum}, got {_show(value)}")
             if not exclusive_minimum and number < minimum:
                 raise _Invalid(f"must be >= {minimum}, got {_show(value)}")
-        if maximum is not None and number > maximum:
-            raise _Invalid(f"must be <= {maximum}, got {_show(value)}")
+        if maximum is not None and (number >= maximum if exclusive_maximum else number > maximum):
+            raise _Invalid(f"must be {'<' if exclusive_maximum else '<='} {maximum}, got {_show(value)}")
         return number
 
     return check
@@ -295,7 +296,7 @@ KEYS: tuple[Key, ...] = (
         "float", ">= 0", spec=False),
     Key("min_learning_rate", 0.0, _float(0.0), "lr_schedule warmup_cosine: the rate the cosine ends at", "float",
         ">= 0, <= learning_rate", spec=False),
-    Key("ema_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True),
+    Key("ema_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True),
         "keep an exponential moving average of the weights (decay per minibatch) in the checkpoint; validation "
         "and exports use it (null: off)", "float or null", "0 < d < 1", spec=False),
     Key("head_bias_init", "zeros", _choice(HEAD_BIAS_INITS),

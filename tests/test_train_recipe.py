@@ -136,3 +136,29 @@ def test_source_tags_refusals_and_log_prior_without_bias(tmp_path, sample_datase
     with pytest.raises(ConfigError, match="project.json: head_bias_init: log_prior sets the output bias, but "
                                           "resnet_small's head"):
         plan_training(project)
+
+
+@pytest.mark.slow
+def test_ema_turned_on_and_off_between_runs(recipe_run, tmp_path):
+    """Off: a checkpoint's average is left unread. On over a checkpoint without one: it starts at the restored
+    weights, and checkpoint numbering goes on."""
+    from deepdanbooru.training.loop import SliceTrainer
+
+    reference, _ = recipe_run
+    project = tmp_path / "toggled"
+    shutil.copytree(reference, project)
+    (project / "checkpoints" / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-4"\nall_model_checkpoint_paths: "ckpt-4"\n')
+    config = json.loads((project / "project.json").read_text())
+    (project / "project.json").write_text(json.dumps({**config, "ema_decay": None}))
+    without = SliceTrainer(plan_training(project), [], lambda *_: None)
+    assert without.ema is None and without.counters.used_minibatch == 7
+    assert without._save_checkpoint().endswith("ckpt-5")
+    (project / "project.json").write_text(json.dumps({**config, "ema_decay": 0.5}))
+    lines = []
+    again = SliceTrainer(plan_training(project), [], lines.append)
+    assert any("ckpt-5 holds no weight average; ema_decay starts it at the restored weights" in line
+               for line in lines)
+    for weight, average in zip(again.ema.weights, again.ema.averages):
+        np.testing.assert_array_equal(weight.numpy(), average.numpy())
+    assert again._save_checkpoint().endswith("ckpt-6")

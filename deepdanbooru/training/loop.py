@@ -221,14 +221,16 @@ class SliceTrainer:
     def _restore(self) -> Counters:
         if not self.latest:
             return Counters()
-        checkpoint, core = self.checkpoint, self._core
-        fresh_average = self.ema is not None and not checkpoint_has_average(self.latest)
+        core = self._core
+        saved_average = checkpoint_has_average(self.latest)
+        fresh_average = self.ema is not None and not saved_average
         if fresh_average:
-            # Written before ema_decay was set: restore the rest, then start the average at those weights.
+            # Written before ema_decay was set: the rest must match; the average then starts at those weights.
             core = {key: value for key, value in core.items() if key != "ema"}
-            checkpoint = tf.train.Checkpoint(**core, monitors=self.checkpoint.monitors)
         try:
-            status = checkpoint.restore(self.latest)
+            status = self.checkpoint.restore(self.latest)
+            if saved_average and self.ema is None:
+                status.expect_partial()  # ema_decay turned off: the saved average is left unread, without a warning
             if not self.role.is_chief:
                 status.expect_partial()  # a worker has no monitors: their saved state is the chief's alone
             try:
@@ -443,7 +445,10 @@ class SliceTrainer:
             monitor.on_step_log(log)
 
     def _rate(self) -> float:
-        return self.schedule.rate(self.counters.used_epoch, self.counters.used_minibatch)
+        """The rate the last step used (warmup_cosine sets it before each step, from the count before it)."""
+        c = self.counters
+        last = c.used_minibatch - 1 if self.schedule.per_minibatch and c.used_minibatch else c.used_minibatch
+        return self.schedule.rate(c.used_epoch, last)
 
     def _run_info(self) -> RunInfo:
         slices = -(-self.n // self.slice_records)

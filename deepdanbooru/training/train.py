@@ -36,6 +36,7 @@ class TrainingPlan:
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
+    split_note: str | None = None  # why a run keeps its split by post id (training.split.split_for_run)
 
 
 def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
@@ -53,7 +54,7 @@ def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] |
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None, source_tags=None) -> TrainingPlan:
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.training.split import saved_run_state, split_for_run
 
     role = cluster_role()
     device_choice = parse_devices(devices)
@@ -82,13 +83,14 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             database, "posts",
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
-    train, validation = split_records(records, config.validation_fraction, config.seed)
+    train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
+                                                  saved_run_state(paths.checkpoints))
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
     return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, force_mixed_precision,
-                        device_choice, role)
+                        device_choice, role, split_note)
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -120,6 +122,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
     """
     plan = plan_training(project_dir, source_model, force_mixed_precision, devices, source_tags)
+    if plan.split_note:
+        echo(plan.split_note)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():
         # TensorFlow's C++ log would interleave our console with noise (a cuInit failure on every CPU-only

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.models.losses import as_loss, project_loss
+from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.pipeline import BadImageTracker, inference_dataset
 from deepdanbooru.training.metrics import ValidationMetrics, write_metrics_json, write_thresholds_csv
 from deepdanbooru.training.monitors import Progress, ValidationReport
@@ -43,9 +44,12 @@ class BatchScorer:
         return scores.numpy(), float(loss_sum.numpy())
 
 
-def measure(scorer: BatchScorer, dataset, threshold: float, observe=None) -> ValidationMetrics:
-    """Feed every labelled batch of `dataset` to a fresh ValidationMetrics; observe(positions) per batch."""
-    metrics = ValidationMetrics(scorer.n_tags, threshold=threshold)
+def measure(scorer: BatchScorer, dataset, threshold: float, observe=None, categories=None) -> ValidationMetrics:
+    """Feed every labelled batch of `dataset` to a fresh ValidationMetrics; observe(positions) per batch.
+
+    categories: {"general": [tag indices], ...} (project.categories.category_indices) for per-category figures.
+    """
+    metrics = ValidationMetrics(scorer.n_tags, threshold=threshold, categories=categories)
     for batch in dataset:
         labels = batch["label"]
         scores, loss_sum = scorer(batch["image"], labels)
@@ -68,6 +72,7 @@ class Validator:
             max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags))
         # The project's loss without tag_loss_weights: the figure evaluate-project --metrics computes too.
         self.scorer = BatchScorer(model, project_loss(config, "none"), config.image_height, config.image_width)
+        self.categories = category_indices(tag_categories(list(tags), config.project_dir))
         self.latest: ValidationReport | None = None
         self._logged_bad = False
 
@@ -81,7 +86,8 @@ class Validator:
         started = time.monotonic()
         seen: list[np.ndarray] = []
         try:
-            metrics = measure(self.scorer, self.dataset, self.config.validation_threshold, seen.append)
+            metrics = measure(self.scorer, self.dataset, self.config.validation_threshold, seen.append,
+                              self.categories)
         except ValueError as error:
             # ValidationMetrics refuses NaN / out-of-range scores: the weights went bad without the loss showing it.
             raise TrainingError(file_field(

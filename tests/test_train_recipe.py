@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from train_helpers import assert_same_weights, make_project, read_state, weights
 
-from deepdanbooru.errors import ConfigError, ModelError
+from deepdanbooru.errors import ModelError
 from deepdanbooru.training.monitors import Monitor
 from deepdanbooru.training.train import plan_training, train_project
 
@@ -133,7 +133,7 @@ def test_source_tags_refusals_and_log_prior_without_bias(tmp_path, sample_datase
         plan_training(project, source_tags=tmp_path / "source-tags.txt")
     (project / "project.json").write_text(json.dumps({**json.loads((project / "project.json").read_text()),
                                                       "head_bias_init": "log_prior"}))
-    with pytest.raises(ConfigError, match="project.json: head_bias_init: log_prior sets the output bias, but "
+    with pytest.raises(ModelError, match="project.json: head_bias_init: log_prior sets the output bias, but "
                                           "resnet_small's head"):
         plan_training(project)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdanbooru.dataset.records import Records, load_records
-from deepdanbooru.errors import ConfigError, ModelError, TrainingError, file_field
-from deepdanbooru.models.table import check_model_input, head_has_bias
+from deepdanbooru.errors import ModelError, TrainingError, file_field
+from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
@@ -67,11 +67,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
         if source_tags is not None:
             raise ModelError(file_field(source_tags, None, "--source-tags is for --source-model; give both"))
         check_model_input(config.model, config.input_shape, source=config.config_path)
-        if config.head_bias_init == "log_prior" and not head_has_bias(config.model):
-            raise ConfigError(file_field(
-                config.config_path, "head_bias_init",
-                f"log_prior sets the output bias, but {config.model}'s head (1x1 convolution) has none; use "
-                "\"zeros\", or a model whose head has a bias (resnet_152)"))
+        check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     else:
         source_model = Path(source_model)
         if not source_model.is_file():

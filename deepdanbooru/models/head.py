@@ -6,19 +6,37 @@ import keras
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.models.precision import output_layer_names
+
+
+def _producer(model: keras.Model, tensor):
+    """The layer of `model` whose output is `tensor` (public names only: Layer.output), or None."""
+    for layer in model.layers:
+        try:
+            output = layer.output
+        except (AttributeError, ValueError):  # a layer called more than once has no single output
+            continue
+        if output is tensor:
+            return layer
+    return None
 
 
 def head_layer(model: keras.Model):
     """The layer with weights nearest the output (our dense or 1x1-conv head; DeepDanbooru's too).
 
-    Walks back from the output through weightless layers (activation, pooling, flatten).
+    Walks back from the output layer (models.precision.output_layer_names) through weightless layers
+    (activation, pooling, flatten).
     """
-    layer = model.outputs[0]._keras_history.operation
+    names = sorted(output_layer_names(model))
+    if len(names) != 1:
+        raise ModelError(f"{model.name}: expected one output layer, found {len(names)}")
+    layer = model.get_layer(names[0])
     while not layer.weights:
         inbound = layer.input
-        if isinstance(inbound, (list, tuple)) or not hasattr(inbound, "_keras_history"):
+        producer = None if isinstance(inbound, (list, tuple)) else _producer(model, inbound)
+        if producer is None:
             raise ModelError(f"{model.name}: cannot find the output layer's weights")
-        layer = inbound._keras_history.operation
+        layer = producer
     kernel = getattr(layer, "kernel", None)
     if kernel is None or int(kernel.shape[-1]) != int(model.output_shape[-1]):
         raise ModelError(f"{model.name}: the last layer with weights ({layer.name}) is not a head of one unit per tag")

@@ -17,8 +17,8 @@ from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
-from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
-from deepdanbooru.training.lock import TrainingLock
+from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
+from deepdanbooru.runstate.lock import TrainingLock
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class TrainingPlan:
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
-    split_note: str | None = None  # why a run keeps its split by post id (training.split.split_for_run)
+    split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
 
 
 def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
@@ -47,14 +47,15 @@ def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] |
     sidecar = source_model.with_name(stem + ".thresholds.csv")
     if not sidecar.is_file():
         return None
-    from deepdanbooru.training.thresholds import read_thresholds_csv
+    from deepdanbooru.scoring.thresholds import read_thresholds_csv
 
     return tuple(read_thresholds_csv(sidecar))
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None, source_tags=None) -> TrainingPlan:
-    from deepdanbooru.training.split import saved_run_state, split_for_run
+    from deepdanbooru.runstate.state import read_state_json
+    from deepdanbooru.scoring.split import split_for_run
 
     role = cluster_role()
     device_choice = parse_devices(devices)
@@ -80,7 +81,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
     train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
-                                                  saved_run_state(paths.checkpoints))
+                                                  read_state_json(paths.checkpoints)[0])
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
@@ -113,7 +114,7 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
                   monitors=None, devices: str | None = None, source_tags=None):
-    """Train (or resume) the project; returns the final counters (training.state.Counters).
+    """Train (or resume) the project; returns the final counters (runstate.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
     """
@@ -140,5 +141,5 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")
             # Before the monitors create their variables: that starts TensorFlow's runtime, after which
             # collectives and logical devices can no longer be configured.
-            choose_strategy(plan.devices, plan.role)
-            return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)
+            strategy = choose_strategy(plan.devices, plan.role)
+            return train(plan, strategy, build_monitors(plan, echo) if monitors is None else monitors, echo)

@@ -46,6 +46,7 @@ def slice_dataset(config, tags, paths, tag_strings, order: np.ndarray, *, start:
         [paths[i] for i in indices], [tag_strings[i] for i in indices], tags,
         height=config.image_height, width=config.image_width,
         rotation_range=config.rotation_range, scale_range=config.scale_range, shift_range=config.shift_range,
+        horizontal_flip=config.horizontal_flip, crop_area_range=config.crop_area_range, mixup=config.mixup,
         seed=config.seed, random_seed=random_seed, start_position=start,
         batch_size=config.minibatch_size, max_image_pixels=config.max_image_pixels)
     tracker = BadImageTracker(bad_image_log, EpochPaths(paths, order), max_image_pixels=config.max_image_pixels,

@@ -87,7 +87,9 @@ class ShardedSlice:
             return training_dataset(
                 [paths[i] for i in records], [tag_strings[i] for i in records], tags,
                 height=config.image_height, width=config.image_width, rotation_range=config.rotation_range,
-                scale_range=config.scale_range, shift_range=config.shift_range, seed=config.seed,
+                scale_range=config.scale_range, shift_range=config.shift_range,
+                horizontal_flip=config.horizontal_flip, crop_area_range=config.crop_area_range, mixup=config.mixup,
+                seed=config.seed,
                 random_seed=random_seed, start_position=start, positions=positions,
                 batch_size=context.get_per_replica_batch_size(config.minibatch_size),
                 max_image_pixels=config.max_image_pixels)

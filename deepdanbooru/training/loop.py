@@ -18,6 +18,7 @@ same batches with the same augmentation as a run that never stopped.
 from __future__ import annotations
 
 import hashlib
+import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,14 @@ from deepdanbooru.models import build_model, load_model_file, make_optimizer
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, validation_trigger
+from deepdanbooru.training.monitors import (
+    Progress,
+    RunInfo,
+    StepLog,
+    ValidationReport,
+    format_duration,
+    validation_trigger,
+)
 from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.training.state import (
     Counters,
@@ -169,6 +177,7 @@ class SliceTrainer:
         # Validation writes reports and exports: the chief's job in a cluster.
         self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
             if len(plan.validation) and self.role.is_chief else None
+        self.budget = plan.time_budget
         self._last_log = time.monotonic()
         self._run_start = (time.monotonic(), self._done_records())
 
@@ -223,7 +232,12 @@ class SliceTrainer:
             order = _epoch_order(self.n, self.config.seed, c.random_seed)
             self.optimizer.learning_rate = self.config.learning_rate_for_epoch(c.used_epoch)
             while c.offset < self.n:
+                if not self._another_slice_fits():
+                    return self._stop_for_time_limit()
+                started = time.monotonic()
                 self._train_slice(order)
+                if self.budget is not None:
+                    self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
         self._export(self.paths.final_export(self.config.model), "final")
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
@@ -282,8 +296,42 @@ class SliceTrainer:
         saving = time.monotonic()
         path = self._save_checkpoint()
         logs["checkpoint_seconds"] = time.monotonic() - saving
+        if self.budget is not None:
+            self.budget.checkpoint_took(logs["checkpoint_seconds"])
         for monitor in self.monitors:
             monitor.on_slice_end(self._progress(), path, logs)
+
+    def _another_slice_fits(self) -> bool:
+        """--time-limit: whether the next slice and the exports after it end in time (every worker agreeing)."""
+        fits = True
+        if self.budget is not None:
+            c = self.counters
+            every = self.config.export_model_per_epoch
+            ends_epoch = c.offset + self.slice_records >= self.n
+            epoch_export = ends_epoch and (every == 0 or (c.used_epoch + 1) % every == 0)
+            # Then the final export, or the one this run would stop with.
+            fits = self.budget.another_slice_fits(exports=1 + epoch_export)
+        if self.sums is not None:
+            # A collective: a worker that stopped alone would leave the others waiting in the next step.
+            fits = self.sums([0.0 if fits else 1.0])[0] == 0
+        return fits
+
+    def _stop_for_time_limit(self) -> Counters:
+        """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
+        c = self.counters
+        export = self.paths.final_export(self.config.model)
+        self._export(export, "time limit")
+        budget = self.budget
+        notice = budget.too_small_notice(self.config.config_path) if budget is not None else None
+        if notice:
+            self.echo(notice)
+        limit = f" --time-limit {budget.text}" if budget is not None else ""
+        elapsed = f" after {format_duration(budget.elapsed())}" if budget is not None else ""
+        self.echo(f"Stopped for the time limit{elapsed} at epoch {c.used_epoch + 1}/{self.config.epoch_count}, "
+                  f"record {c.offset}/{self.n}, step {c.used_minibatch}: {self.manager.latest_checkpoint} and "
+                  f"{export.name} are written. To continue from there, run train-project again, e.g. "
+                  f"deepdanbooru train-project {shlex.quote(str(self.paths.root))}{limit}")
+        return c
 
     def _end_epoch(self) -> None:
         c = self.counters
@@ -329,11 +377,14 @@ class SliceTrainer:
     def _export(self, path: Path, kind: str) -> None:
         if not self.role.is_chief:
             return  # exports read the mirrored weights without collectives: the chief alone writes them
+        started = time.monotonic()
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
         written = export_model(self.model, path, float32_copy=copy)
         if self.validator is not None:
             report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
             write_sidecars(path, self.plan.tags, report)
+        if self.budget is not None:
+            self.budget.export_took(time.monotonic() - started)
         for monitor in self.monitors:
             monitor.on_export(written[0], kind)
             if copy is not None:
@@ -341,6 +392,8 @@ class SliceTrainer:
 
     def _validate(self, trigger: str) -> ValidationReport:
         report = self.validator.run(self._progress(), trigger)
+        if self.budget is not None:
+            self.budget.validation_took(report.seconds)
         logs: dict = {}
         for monitor in self.monitors:
             monitor.on_validation(report, logs)

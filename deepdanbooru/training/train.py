@@ -17,6 +17,7 @@ from deepdanbooru.models.table import check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
+from deepdanbooru.training.budget import TimeBudget
 from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.training.lock import TrainingLock
 
@@ -34,12 +35,16 @@ class TrainingPlan:
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
+    time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
-                  devices: str | None = None) -> TrainingPlan:
+                  devices: str | None = None, time_limit: float | None = None,
+                  time_limit_text: str | None = None) -> TrainingPlan:
     from deepdanbooru.training.split import split_records
 
+    # First: the limit counts the whole command, start-up included.
+    budget = TimeBudget(time_limit, time_limit_text) if time_limit is not None else None
     role = cluster_role()
     device_choice = parse_devices(devices)
     paths = ProjectPaths(project_dir)
@@ -64,7 +69,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
     return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision, device_choice,
-                        role)
+                        role, budget)
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -90,12 +95,14 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
-                  monitors=None, devices: str | None = None):
+                  monitors=None, devices: str | None = None, time_limit: float | None = None,
+                  time_limit_text: str | None = None):
     """Train (or resume) the project; returns the final counters (training.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
+    time_limit: seconds; at the last slice end before it would be passed, export and return (see budget.py).
     """
-    plan = plan_training(project_dir, source_model, force_mixed_precision, devices)
+    plan = plan_training(project_dir, source_model, force_mixed_precision, devices, time_limit, time_limit_text)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():
         # TensorFlow's C++ log would interleave our console with noise (a cuInit failure on every CPU-only

@@ -7,15 +7,17 @@ Datasets
 --------
 training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
                  seed, random_seed, start_position, batch_size, max_image_pixels,
-                 num_parallel_calls=tf.data.AUTOTUNE, positions=None) -> tf.data.Dataset
+                 num_parallel_calls=tf.data.AUTOTUNE, positions=None,
+                 horizontal_flip=False, crop_area_range=None, mixup=None) -> tf.data.Dataset
     paths / tag_strings: the records of ONE slice, already in epoch order;
     element i has epoch position start_position + i (or positions[i] when
     given: a worker's shard under multi-worker training), and its augmentation is
     a pure function of (seed, random_seed, its position), whatever the
     process or the parallelism. Ranges are (low, high) or None/[] (disabled),
-    as in ProjectConfig. Yields dicts
+    as in ProjectConfig, and so are the flip, the crop and the mixup alpha
+    (mixup pairs record i with record b-1-i of its batch). Yields dicts
         {"image": float32 [b, height, width, 3] in [0, 1],
-         "label": float32 [b, len(tags)] multi-hot in tags order,
+         "label": float32 [b, len(tags)] multi-hot in tags order (mixed under mixup),
          "position": int64 [b]}
     b < batch_size at the end, and batches are refilled past dropped records,
     so the number of batches is ceil(usable / batch_size).
@@ -79,7 +81,8 @@ Augmentation, warp_parameters, warp_batch, transform_batch: the geometry
     (height * s_max, width * s_max) (smaller images are not enlarged there)
     and padded onto a fixed canvas; per batch one compiled XLA kernel draws
     the warp from four stateless uniforms keyed by (seed, random_seed,
-    position) and samples bilinearly with clamped coordinates (border
+    position) (four more, from a second stream, when the flip or the crop is
+    on; s_max then includes the crop's zoom) and samples bilinearly with clamped coordinates (border
     replication). Pixel centres are at integer coordinates and the centre of
     an n-pixel axis is pixel floor(n / 2), so the identity warp copies pixels
     exactly; a positive angle turns the picture counter-clockwise as

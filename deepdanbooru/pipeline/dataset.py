@@ -1,8 +1,8 @@
 """Records -> tf.data batches for training, validation and inference, all through one code path.
 
 Per record, in a parallel map: read, check the header, decode, area-resize to
-fit, draw the stateless uniforms (and the mixup weight). Records that fail anywhere are removed by
-`ignore_errors()` *before* batching, and every element carries its position, so
+fit, draw the stateless uniforms (and the mixup weight). Records that fail
+anywhere are removed by `ignore_errors()` *before* batching, and every element carries its position, so
 the gaps in the positions that come out name exactly the records that were
 dropped (BadImageTracker turns them into counts and log lines). Per batch,
 after padding onto a fixed canvas: the compiled warp, the multi-hot labels and
@@ -20,7 +20,14 @@ from deepdanbooru.pipeline.decode import decode_for_box
 from deepdanbooru.pipeline.labels import multi_hot, tag_table
 from deepdanbooru.pipeline.mixup import mix_batch, mixup_weight
 from deepdanbooru.pipeline.transform import (
-    BASE_UNIFORMS, Augmentation, canvas_size, fit_into_box, place_on_canvas, record_uniforms, seed_hash, transform_batch,
+    BASE_UNIFORMS,
+    Augmentation,
+    canvas_size,
+    fit_into_box,
+    place_on_canvas,
+    record_uniforms,
+    seed_hash,
+    transform_batch,
 )
 
 AUTOTUNE = tf.data.AUTOTUNE

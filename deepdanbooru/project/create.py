@@ -17,6 +17,8 @@ def write_bytes_atomic(path, content: bytes) -> None:
     path = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates 0600; the file should get what open() would give it (0666 less the umask).
+        os.fchmod(handle, 0o666 & ~_umask())
         with os.fdopen(handle, "wb") as stream:
             stream.write(content)
             stream.flush()
@@ -26,6 +28,12 @@ def write_bytes_atomic(path, content: bytes) -> None:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path, text: str) -> None:

@@ -35,13 +35,14 @@ class TrainingPlan:
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
+    split_note: str | None = None  # why a run keeps its split by post id (training.split.split_for_run)
     time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None, time_limit: float | None = None,
                   time_limit_text: str | None = None) -> TrainingPlan:
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.training.split import saved_run_state, split_for_run
 
     # First: the limit counts the whole command, start-up included.
     budget = TimeBudget(time_limit, time_limit_text) if time_limit is not None else None
@@ -63,13 +64,14 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             database, "posts",
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
-    train, validation = split_records(records, config.validation_fraction, config.seed)
+    train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
+                                                  saved_run_state(paths.checkpoints))
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
     return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision, device_choice,
-                        role, budget)
+                        role, split_note, budget)
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -103,6 +105,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
     time_limit: seconds; at the last slice end before it would be passed, export and return (see budget.py).
     """
     plan = plan_training(project_dir, source_model, force_mixed_precision, devices, time_limit, time_limit_text)
+    if plan.split_note:
+        echo(plan.split_note)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():
         # TensorFlow's C++ log would interleave our console with noise (a cuInit failure on every CPU-only

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=299)
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args(argv)
-    from deepdanbooru.pipeline import training_dataset
+    from deepdanbooru.pipeline import Augmentation, TrainingInput, training_dataset
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -44,9 +44,11 @@ def main(argv=None) -> int:
         paths, strings = bench.cycle(paths, strings, args.slice_batches * args.batch)
 
         def make(extra):
-            return lambda: training_dataset(paths, strings, tags, height=args.size, width=args.size,
-                                            **bench.DEFAULT_AUGMENTATION, seed=0, random_seed=0, start_position=0,
-                                            batch_size=args.batch, max_image_pixels=89_478_485, **extra)
+            geometry = {key: value for key, value in extra.items() if key != "mixup"}
+            options = TrainingInput(args.size, args.size, Augmentation(**bench.DEFAULT_AUGMENTATION, **geometry),
+                                    seed=0, batch_size=args.batch, max_image_pixels=89_478_485,
+                                    mixup=extra.get("mixup"))
+            return lambda: training_dataset(paths, strings, tags, options, random_seed=0, start_position=0)
 
         bench.compare({name: make(extra) for name, extra in SETTINGS.items()}, args.repeats, scratch, paths)
     return 0

@@ -12,7 +12,13 @@ from PIL import Image
 tf = pytest.importorskip("tensorflow")
 
 from deepdanbooru.errors import ConfigError  # noqa: E402
-from deepdanbooru.pipeline import training_dataset, warp_batch, warp_parameters  # noqa: E402
+from deepdanbooru.pipeline import (  # noqa: E402
+    Augmentation,
+    TrainingInput,
+    training_dataset,
+    warp_batch,
+    warp_parameters,
+)
 from deepdanbooru.pipeline.mixup import mixup_weight  # noqa: E402
 from deepdanbooru.pipeline.transform import flip_horizontally, record_uniforms, seed_hash  # noqa: E402
 from deepdanbooru.project.config import load_config  # noqa: E402
@@ -36,12 +42,12 @@ def records(tmp_path_factory):
 
 
 def _batches(paths, *, size=24, batch_size=2, rotation_range=(0.0, 360.0), scale_range=(0.9, 1.1),
-             shift_range=(-0.1, 0.1), start_position=10, **extra):
+             shift_range=(-0.1, 0.1), start_position=10, horizontal_flip=False, crop_area_range=None, mixup=None):
     strings = (TAG_STRINGS * len(paths))[:len(paths)]
-    return list(training_dataset(paths, strings, TAGS, height=size, width=size,
-                                 rotation_range=rotation_range, scale_range=scale_range, shift_range=shift_range,
-                                 seed=3, random_seed=1, start_position=start_position, batch_size=batch_size,
-                                 max_image_pixels=10**8, **extra))
+    augmentation = Augmentation(rotation_range, scale_range, shift_range, horizontal_flip, crop_area_range)
+    options = TrainingInput(size, size, augmentation, seed=3, batch_size=batch_size, max_image_pixels=10**8,
+                            mixup=mixup)
+    return list(training_dataset(paths, strings, TAGS, options, random_seed=1, start_position=start_position))
 
 
 def _by_position(batches, key="image"):
@@ -114,9 +120,9 @@ def test_crop_samples_a_full_resolution_window_inside_the_image(tmp_path):
     ys, xs = np.mgrid[0:64, 0:64]
     ramp = np.stack([2 * xs, 2 * ys, np.full_like(xs, 7)], axis=-1).astype(np.uint8)
     paths = [_write(tmp_path, "ramp.png", ramp)] * 6
-    batches = list(training_dataset(paths, ["a"] * 6, ["a"], height=32, width=32, rotation_range=None,
-                                    scale_range=None, shift_range=None, seed=0, random_seed=0, start_position=0,
-                                    batch_size=6, max_image_pixels=10**8, crop_area_range=(0.25, 0.25)))
+    options = TrainingInput(32, 32, Augmentation(crop_area_range=(0.25, 0.25)), seed=0, batch_size=6,
+                            max_image_pixels=10**8)
+    batches = list(training_dataset(paths, ["a"] * 6, ["a"], options, random_seed=0, start_position=0))
     offsets = set()
     for image in batches[0]["image"].numpy() * 255:
         red, green = image[..., 0], image[..., 1]
@@ -172,3 +178,14 @@ def test_augmentation_keys_default_off_and_parse(tmp_path):
         {"horizontal_flip": True, "crop_area_range": [0.87, 1], "mixup": 0.2}))
     config = load_config(tmp_path)
     assert (config.horizontal_flip, config.crop_area_range, config.mixup) == (True, (0.87, 1.0), 0.2)
+
+
+def test_training_input_takes_the_new_keys_from_project_json(tmp_path):
+    (tmp_path / "project.json").write_text("{}")
+    plain = TrainingInput.from_config(load_config(tmp_path))
+    assert plain.mixup is None and plain.augmentation == Augmentation((0, 360), (0.9, 1.1), (-0.1, 0.1))
+    (tmp_path / "project.json").write_text(json.dumps(
+        {"horizontal_flip": True, "crop_area_range": [0.87, 1], "mixup": 0.2, "rotation_range": None}))
+    options = TrainingInput.from_config(load_config(tmp_path))
+    assert options.mixup == 0.2
+    assert options.augmentation == Augmentation(None, (0.9, 1.1), (-0.1, 0.1), True, (0.87, 1.0))

@@ -25,7 +25,7 @@ from deepdanbooru.dataset.records import (
 )
 from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
 from deepdanbooru.project.config import load_config
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
 
 RATING_TAGS = {

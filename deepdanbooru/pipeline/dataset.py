@@ -12,6 +12,7 @@ mixup.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
@@ -128,26 +129,46 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
     return dataset.prefetch(PREFETCH_BATCHES).with_options(_OPTIONS)
 
 
-def training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
-                     seed, random_seed, start_position, batch_size, max_image_pixels,
-                     num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True, positions=None,
-                     horizontal_flip=False, crop_area_range=None, mixup=None):
+@dataclass(frozen=True)
+class TrainingInput:
+    """The settings a training dataset takes from project.json; `from_config` is the one mapping."""
+
+    height: int
+    width: int
+    augmentation: Augmentation
+    seed: int
+    batch_size: int
+    max_image_pixels: int
+    mixup: float | None = None  # Beta(alpha, alpha) of the batch mixing; None: off
+
+    def __post_init__(self):
+        object.__setattr__(self, "mixup", float(self.mixup) if self.mixup else None)
+
+    @classmethod
+    def from_config(cls, config) -> TrainingInput:
+        augmentation = Augmentation(config.rotation_range, config.scale_range, config.shift_range,
+                                    config.horizontal_flip, config.crop_area_range)
+        return cls(height=config.image_height, width=config.image_width, augmentation=augmentation,
+                   seed=config.seed, batch_size=config.minibatch_size, max_image_pixels=config.max_image_pixels,
+                   mixup=config.mixup)
+
+
+def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
+                     positions=None, num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True):
     """Augmented, labelled batches of one slice; see the package docstring.
 
     `positions`: the epoch position of each record when they are not consecutive from start_position (a
     worker's shard of a slice under multi-worker training).
     """
-    augmentation = Augmentation(rotation_range, scale_range, shift_range, horizontal_flip, crop_area_range)
     if positions is None:
         positions = np.arange(start_position, start_position + len(paths), dtype=np.int64)
     elif len(positions) != len(paths):
         raise ValueError(f"{len(paths)} paths but {len(positions)} positions")
     records = _records(paths, positions, tag_strings)
     return _build(
-        records, output_size=(height, width), augmentation=augmentation,
-        seeds=(seed, random_seed),
-        batch_size=batch_size, max_image_pixels=max_image_pixels, tags=tags,
-        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, mixup=mixup,
+        records, output_size=(options.height, options.width), augmentation=options.augmentation,
+        seeds=(options.seed, random_seed), batch_size=options.batch_size, max_image_pixels=options.max_image_pixels,
+        tags=tags, num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, mixup=options.mixup,
     )
 
 

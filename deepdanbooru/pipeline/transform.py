@@ -43,7 +43,7 @@ class Augmentation:
     def __post_init__(self):
         for name in ("rotation_range", "scale_range", "shift_range", "crop_area_range"):
             value = getattr(self, name)
-            # [] disables like null does (SPEC section 2).
+            # [] disables like null does, as in DeepDanbooru's project.json.
             object.__setattr__(self, name, tuple(float(v) for v in value) if value else None)
         object.__setattr__(self, "horizontal_flip", bool(self.horizontal_flip))
 

@@ -1,54 +1,43 @@
-"""create-project: a new project directory with the default project.json."""
+"""create-project: a new project directory with the default project.json, or a recipe's."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+import warnings
 from pathlib import Path
 
 from deepdanbooru.errors import ConfigError, file_field
-from deepdanbooru.project.config import default_project_json
+from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.project.config import default_project_json, parse_config
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.recipes import DEFAULT_RECIPE, RECIPES
 
 
-def write_bytes_atomic(path, content: bytes) -> None:
-    """Write beside the target and rename, so a reader never sees half a file."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp creates 0600; the file should get what open() would give it (0666 less the umask).
-        os.fchmod(handle, 0o666 & ~_umask())
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(content)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+def recipe_project_json(recipe: str, project_dir: Path) -> dict:
+    """The defaults with the recipe's values laid over them, checked like a project.json."""
+    if recipe not in RECIPES:
+        raise ConfigError(f"--recipe: must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    data = {**default_project_json(), **RECIPES[recipe]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a key this version does not know would be ignored: refuse it
+        try:
+            # Errors name the recipe, not the project.json that is not written yet.
+            parse_config(data, project_dir, Path(f"--recipe {recipe}"))
+        except UserWarning as warning:
+            raise ConfigError(str(warning)) from None
+    return data
 
 
-def _umask() -> int:
-    mask = os.umask(0)  # reading the umask means setting it; put it straight back
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def create_project(project_path, force: bool = False, echo=print) -> Path:
+def create_project(project_path, force: bool = False, echo=print, recipe: str = DEFAULT_RECIPE) -> Path:
     paths = ProjectPaths(project_path)
+    data = recipe_project_json(recipe, paths.root)
     if paths.root.exists() and not paths.root.is_dir():
         raise ConfigError(f"{paths.root}: exists and is not a directory")
     if paths.config.exists() and not force:
         raise ConfigError(file_field(paths.config, None, "already exists; use --force to overwrite it"))
     paths.root.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(paths.config, json.dumps(default_project_json(), indent=4) + "\n")
-    echo(f"Created {paths.config}")
+    write_text_atomic(paths.config, json.dumps(data, indent=4) + "\n")
+    echo(f"Created {paths.config}" + ("" if recipe == DEFAULT_RECIPE else f" (recipe {recipe})"))
     echo("Next steps:")
     echo(f"  1. put your output vocabulary in {paths.tags} (one tag a line)")
     echo(f"  2. set database_path in {paths.config} to your dataset's SQLite file")

@@ -17,9 +17,9 @@ from deepdanbooru.models.table import check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
+from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
+from deepdanbooru.runstate.lock import TrainingLock
 from deepdanbooru.training.budget import TimeBudget
-from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
-from deepdanbooru.training.lock import TrainingLock
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,15 @@ class TrainingPlan:
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
-    split_note: str | None = None  # why a run keeps its split by post id (training.split.split_for_run)
+    split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
     time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None, time_limit: float | None = None,
                   time_limit_text: str | None = None) -> TrainingPlan:
-    from deepdanbooru.training.split import saved_run_state, split_for_run
+    from deepdanbooru.runstate.state import read_state_json
+    from deepdanbooru.scoring.split import split_for_run
 
     # First: the limit counts the whole command, start-up included.
     budget = TimeBudget(time_limit, time_limit_text) if time_limit is not None else None
@@ -65,7 +66,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
     train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
-                                                  saved_run_state(paths.checkpoints))
+                                                  read_state_json(paths.checkpoints)[0])
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
@@ -99,7 +100,7 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
                   monitors=None, devices: str | None = None, time_limit: float | None = None,
                   time_limit_text: str | None = None):
-    """Train (or resume) the project; returns the final counters (training.state.Counters).
+    """Train (or resume) the project; returns the final counters (runstate.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
     time_limit: seconds; at the last slice end before it would be passed, export and return (see budget.py).
@@ -127,5 +128,5 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")
             # Before the monitors create their variables: that starts TensorFlow's runtime, after which
             # collectives and logical devices can no longer be configured.
-            choose_strategy(plan.devices, plan.role)
-            return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)
+            strategy = choose_strategy(plan.devices, plan.role)
+            return train(plan, strategy, build_monitors(plan, echo) if monitors is None else monitors, echo)

@@ -327,11 +327,11 @@ class SliceTrainer:
             self.echo(notice)
         limit = f" --time-limit {budget.text}" if budget is not None else ""
         elapsed = f" after {format_duration(budget.elapsed())}" if budget is not None else ""
-        schedule = self.schedule
+        schedule, again = self.schedule, f"deepdanbooru train-project {shlex.quote(str(self.paths.root))}{limit}"
         self.echo(f"Stopped for the time limit{elapsed} at epoch {c.used_epoch + 1}/{schedule.epoch_count}, "
                   f"record {c.offset}/{schedule.train_records}, step {c.used_minibatch}: "
-                  f"{self.manager.latest_checkpoint} and {export.name} are written. To continue from there, run train-project again, e.g. "
-                  f"deepdanbooru train-project {shlex.quote(str(self.paths.root))}{limit}")
+                  f"{self.manager.latest_checkpoint} and {export.name} are written. To continue from there, "
+                  f"run train-project again, e.g. {again}")
         return c
 
     def _end_epoch(self) -> None:

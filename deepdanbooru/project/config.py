@@ -133,7 +133,7 @@ def _optional_choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
     return check
 
 
-def _range(positive: bool = False) -> Callable[[Any], tuple[float, float] | None]:
+def _range(positive: bool = False, maximum: float | None = None) -> Callable[[Any], tuple[float, float] | None]:
     """[lo, hi] with lo <= hi; null or [] disables."""
 
     def check(value):
@@ -150,6 +150,8 @@ def _range(positive: bool = False) -> Callable[[Any], tuple[float, float] | None
             raise _Invalid(f"low must be <= high, got {_show(value)}")
         if positive and low <= 0:
             raise _Invalid(f"low must be > 0, got {_show(value)}")
+        if maximum is not None and high > maximum:
+            raise _Invalid(f"high must be <= {maximum:g}, got {_show(value)}")
         return (low, high)
 
     return check
@@ -304,6 +306,15 @@ KEYS: tuple[Key, ...] = (
     Key("tag_loss_weights", None, _optional_choice(TAG_LOSS_WEIGHTS),
         "null: every tag weighs 1 in the loss; log_frequency: 1 + ln(records / tag count), scaled to mean 1, "
         "so rarer tags weigh more", "str or null", ", ".join(TAG_LOSS_WEIGHTS), spec=False),
+    Key("horizontal_flip", False, _bool, "mirror each training image left-right with probability 1/2", "bool",
+        "true, false", spec=False),
+    Key("crop_area_range", None, _range(positive=True, maximum=1.0),
+        "random resized crop: the part of the image kept, as a fraction of its area (same proportions, "
+        "anywhere inside), is drawn from [lo, hi] and fills the output; null or [] disables",
+        "[lo, hi] or null", "0 < lo <= hi <= 1", spec=False),
+    Key("mixup", None, _optional_float(minimum=0.0, exclusive_minimum=True),
+        "mixup alpha: each training image and its labels are mixed with another of its batch, with a "
+        "Beta(alpha, alpha) weight (null: off)", "float or null", "> 0", spec=False),
 )
 KEY_BY_NAME = {key.name: key for key in KEYS}
 
@@ -364,6 +375,9 @@ class ProjectConfig:
     ema_decay: float | None
     head_bias_init: str
     tag_loss_weights: str | None
+    horizontal_flip: bool
+    crop_area_range: tuple[float, float] | None
+    mixup: float | None
     unknown_keys: tuple[str, ...] = field(default=())
 
     @property

@@ -4,6 +4,7 @@
         order = permutation(train records, seed=(seed, random_seed))
         learning rate = schedule(used_epoch)
         while offset < len(records):
+            (--time-limit: stop and export here if the next slice and its exports would not fit)
             train on order[offset : offset + checkpoint_frequency_mb * minibatch_size]
             count the bad images; offset = end of the slice
             validate when due; checkpoint (latest 3 kept); mirror to state.json
@@ -19,6 +20,7 @@ same batches with the same augmentation as a run that never stopped.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +43,7 @@ from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.data import Epoch, slice_input
 from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport
+from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, format_duration
 from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
@@ -183,6 +185,7 @@ class SliceTrainer:
         # Validation writes reports and exports: the chief's job in a cluster.
         self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
             if len(plan.validation) and self.role.is_chief else None
+        self.budget = plan.time_budget
         self._last_log = time.monotonic()
         self._run_start = (time.monotonic(), self._done_records())
 
@@ -284,6 +287,9 @@ class SliceTrainer:
             order = schedule.order(c.random_seed)
             self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)
             while c.offset < schedule.train_records:
+                if not self._another_slice_fits():
+                    return self._stop_for_time_limit()
+                started = time.monotonic()
                 stop = schedule.slice_stop(c.offset)
                 bad = self._train_slice(order, c.offset, stop)
                 self._count_bad_images(bad, stop)
@@ -294,6 +300,8 @@ class SliceTrainer:
                 if trigger and self.validator is not None:
                     self._validate(trigger)
                 self._checkpoint()
+                if self.budget is not None:
+                    self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
         self._export(self.paths.final_export(self.config.model), "final")
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
@@ -350,8 +358,38 @@ class SliceTrainer:
         saving = time.monotonic()
         path = self._save_checkpoint()
         logs["checkpoint_seconds"] = time.monotonic() - saving
+        if self.budget is not None:
+            self.budget.checkpoint_took(logs["checkpoint_seconds"])
         for monitor in self.monitors:
             monitor.on_slice_end(self._progress(), path, logs)
+
+    def _another_slice_fits(self) -> bool:
+        """--time-limit: whether the next slice and the exports after it end in time (every worker agreeing)."""
+        c = self.counters
+        fits = self.budget is None or self.budget.another_slice_fits(
+            exports=self.schedule.exports_after_slice(c.used_epoch, c.offset))
+        if self.worker_sums is not None:
+            # A collective: a worker that stopped alone would leave the others waiting in the next step.
+            fits = self.worker_sums([0.0 if fits else 1.0])[0] == 0
+        return fits
+
+    def _stop_for_time_limit(self) -> Counters:
+        """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
+        c = self.counters
+        export = self.paths.final_export(self.config.model)
+        self._export(export, "time limit")
+        budget = self.budget
+        notice = budget.too_small_notice(self.config.config_path) if budget is not None else None
+        if notice:
+            self.echo(notice)
+        limit = f" --time-limit {budget.text}" if budget is not None else ""
+        elapsed = f" after {format_duration(budget.elapsed())}" if budget is not None else ""
+        schedule, again = self.schedule, f"deepdanbooru train-project {shlex.quote(str(self.paths.root))}{limit}"
+        self.echo(f"Stopped for the time limit{elapsed} at epoch {c.used_epoch + 1}/{schedule.epoch_count}, "
+                  f"record {c.offset}/{schedule.train_records}, step {c.used_minibatch}: "
+                  f"{self.manager.latest_checkpoint} and {export.name} are written. To continue from there, "
+                  f"run train-project again, e.g. {again}")
+        return c
 
     def _end_epoch(self) -> None:
         c = self.counters
@@ -397,12 +435,15 @@ class SliceTrainer:
     def _export(self, path: Path, kind: str) -> None:
         if not self.role.is_chief:
             return  # exports read the mirrored weights without collectives: the chief alone writes them
+        started = time.monotonic()
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
         with self._averaged():
             written = export_model(self.model, path, float32_copy=copy)
             if self.validator is not None:
                 report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
                 write_sidecars(path, self.plan.tags, report)
+        if self.budget is not None:
+            self.budget.export_took(time.monotonic() - started)
         for monitor in self.monitors:
             monitor.on_export(written[0], kind)
             if copy is not None:
@@ -412,6 +453,8 @@ class SliceTrainer:
         # The best-model monitor exports from on_validation: it must see the weights that were measured.
         with self._averaged():
             report = self.validator.run(self._progress(), trigger)
+            if self.budget is not None:
+                self.budget.validation_took(report.seconds)
             logs: dict = {}
             for monitor in self.monitors:
                 monitor.on_validation(report, logs)

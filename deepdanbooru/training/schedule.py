@@ -70,6 +70,12 @@ class Schedule:
         """Whether the epoch that just ended (used_epoch counts it) writes its own export."""
         return self.export_every == 0 or used_epoch % self.export_every == 0
 
+    def exports_after_slice(self, used_epoch: int, offset: int) -> int:
+        """The exports that can follow the slice starting at `offset` before a run ends: its epoch's, when
+        that slice ends an epoch that exports, and the final one or the one a --time-limit stop writes."""
+        ends_epoch = self.slice_stop(offset) >= self.train_records
+        return 1 + int(ends_epoch and self.export_due(used_epoch + 1))
+
     def trained_out(self, used_epoch: int, offset: int) -> bool:
         """All epochs trained: the last checkpoint of a run is its last slice's, before the epoch end."""
         return used_epoch >= self.epoch_count or (used_epoch == self.epoch_count - 1

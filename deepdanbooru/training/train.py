@@ -19,6 +19,7 @@ from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
+from deepdanbooru.training.budget import TimeBudget
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class TrainingPlan:
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
     split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
+    time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
 
 
 def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
@@ -53,10 +55,13 @@ def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] |
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
-                  devices: str | None = None, source_tags=None) -> TrainingPlan:
+                  devices: str | None = None, source_tags=None, time_limit: float | None = None,
+                  time_limit_text: str | None = None) -> TrainingPlan:
     from deepdanbooru.runstate.state import read_state_json
     from deepdanbooru.scoring.split import split_for_run
 
+    # First: the limit counts the whole command, start-up included.
+    budget = TimeBudget(time_limit, time_limit_text) if time_limit is not None else None
     role = cluster_role()
     device_choice = parse_devices(devices)
     paths = ProjectPaths(project_dir)
@@ -87,7 +92,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
     return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, force_mixed_precision,
-                        device_choice, role, split_note)
+                        device_choice, role, split_note, budget)
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -113,12 +118,15 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
-                  monitors=None, devices: str | None = None, source_tags=None):
+                  monitors=None, devices: str | None = None, source_tags=None, time_limit: float | None = None,
+                  time_limit_text: str | None = None):
     """Train (or resume) the project; returns the final counters (runstate.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
+    time_limit: seconds; at the last slice end before it would be passed, export and return (see budget.py).
     """
-    plan = plan_training(project_dir, source_model, force_mixed_precision, devices, source_tags)
+    plan = plan_training(project_dir, source_model, force_mixed_precision, devices, source_tags, time_limit,
+                         time_limit_text)
     if plan.split_note:
         echo(plan.split_note)
     # In a cluster only the chief locks and writes; the workers read the project and compute.

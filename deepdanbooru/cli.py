@@ -78,21 +78,29 @@ def create_project(project_path, force, recipe):
 @click.option("--source-model", type=click.Path(dir_okay=False, path_type=str),
               help="Start from this .keras/.h5 model's structure and weights; a checkpoint, if any, is "
                    "restored on top.")
+@click.option("--source-tags", type=click.Path(dir_okay=False, path_type=str),
+              help="The tags.txt the --source-model was trained with (ours read it from the model's "
+                   "thresholds.csv); its head is then mapped onto this project's tags by name.")
 @click.option("--force-mixed-precision", is_flag=True,
               help="With mixed_precision true, train in float16 even without a GPU (very slow on CPUs; "
                    "also DEEPDANBOORU_FORCE_MIXED_PRECISION=1).")
 @click.option("--devices", default="all", show_default=True, metavar="all|cpu|0,1,...",
               help="Local devices to train on: every visible GPU (mirrored when more than one), the CPU only, "
                    "or these GPU indices. With TF_CONFIG set, this host's part of a multi-worker cluster.")
-def train_project(project_path, source_model, force_mixed_precision, devices):
+@click.option("--time-limit", metavar="DURATION",
+              help="Stop in time (e.g. 3h50m, 90m, 900s): at the last checkpoint before the limit, export, "
+                   "print how to continue and exit 0. Running again resumes exactly there.")
+def train_project(project_path, source_model, source_tags, force_mixed_precision, devices, time_limit):
     """Train PROJECT_PATH, resuming from its latest checkpoint if there is one.
 
     Several GPUs and several hosts: see docs/distributed.md (minibatch_size is the global batch).
     """
+    from deepdanbooru.training.budget import parse_duration
     from deepdanbooru.training.train import train_project as train
 
+    seconds = parse_duration(time_limit) if time_limit is not None else None
     train(project_path, source_model=source_model, force_mixed_precision=force_mixed_precision, echo=click.echo,
-          devices=devices)
+          devices=devices, source_tags=source_tags, time_limit=seconds, time_limit_text=time_limit)
 
 
 def _preflight_options(options):

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -100,3 +101,8 @@ def test_plots_are_pngs_with_a_line_per_series(quality, tmp_path):
         colours = {colour for _, colour in image.convert("RGB").getcolors(1 << 20)}
     palette = quality.line_chart.__globals__["PALETTE"]
     assert palette[0] in colours and palette[1] in colours
+
+
+def test_auto_stop_finds_this_train_project_s_time_limit(quality):
+    env = dict(os.environ, PYTHONPATH=str(quality.ROOT))
+    assert quality.has_time_limit(env)

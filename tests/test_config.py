@@ -80,7 +80,7 @@ def test_absolute_database_path_kept(tmp_path):
         ("model", "resnet_smal", "did you mean 'resnet_small'?"),
         ("model", 3, "model: must be a string, got 3"),
         ("loss", "mse", "loss: must be one of binary_crossentropy, focal_loss"),
-        ("optimizer", "adamw", "optimizer: must be one of adam, sgd, rmsprop"),
+        ("optimizer", "adamx", "optimizer: must be one of adam, sgd, rmsprop, adamw, lamb, got \"adamx\""),
         ("learning_rate", 0, "learning_rate: must be > 0.0, got 0"),
         ("learning_rate", "0.1", 'learning_rate: must be a number, got "0.1"'),
         ("learning_rate", False, "learning_rate: must be a number, got false"),

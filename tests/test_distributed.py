@@ -403,3 +403,24 @@ def test_killed_worker_stops_the_cluster_and_a_restart_resumes(reference, two_wo
                "offset=8 random_seed=0" in out  # 5: three bad images
     # Resuming is exact: the same weights as the cluster that was never interrupted.
     assert _max_difference(uninterrupted / FINAL, project / FINAL) == 0.0
+
+
+@pytest.mark.slow
+def test_time_limit_on_the_chief_stops_every_worker_at_the_same_slice(reference, tmp_path, dataset):
+    source, _ = reference
+    project = make_project(tmp_path / "limited", *dataset[:2], **DISTRIBUTED)
+    ports = _free_ports(2)
+    # Only the chief has a limit (1 s: up after the first slice); the worker must stop with it, not wait.
+    processes = [subprocess.Popen(train_command(project, "--source-model", str(source), *extra),
+                                  env=dict(cli_env(), TF_CONFIG=tf_config(ports, index)), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for index, extra in enumerate([("--time-limit", "1s"), ()])]
+    results = _finish(processes)
+    for code, out, err in results:
+        assert code == 0, out[-2000:] + err[-2000:]
+        assert "Stopped for the time limit" in out and "at epoch 1/1, record 8/24, step 2" in out
+        assert "Training complete" not in out
+    chief_out, worker_out = (out for _, out, _ in results)
+    assert "Exported" in chief_out and "Exported" not in worker_out
+    assert json.loads((project / "checkpoints" / "state.json").read_text())["offset"] == 8
+    assert (project / FINAL).exists()

@@ -128,6 +128,10 @@ def test_model_check_reports_size_and_refuses_a_too_small_input(project):
     edit_config(project, model="resnet_152")
     message = only_failure(training_preflight(project), "model")
     assert message.startswith(f"{project / 'project.json'}: image_width/image_height: resnet_152 needs an input of at least")
+    edit_config(project, model="resnet_small", head_bias_init="log_prior")
+    message = only_failure(training_preflight(project), "model")
+    assert message.startswith(f"{project / 'project.json'}: head_bias_init: log_prior sets the output bias, but "
+                              "resnet_small's head")
 
 
 def test_invalid_json_fails_config(project):

@@ -32,6 +32,12 @@ def test_exports_and_the_end_of_training():
     assert s.done_records(1, 4) == 14
 
 
+def test_a_time_limit_reserves_the_epoch_export_only_for_the_slice_that_ends_an_exporting_epoch():
+    s = schedule(export_every=2)  # slices start at 0, 3, 6, 9; epoch 2 exports, epoch 1 does not
+    assert [s.exports_after_slice(0, offset) for offset in (0, 3, 6, 9)] == [1, 1, 1, 1]
+    assert [s.exports_after_slice(1, offset) for offset in (0, 3, 6, 9)] == [1, 1, 1, 2]
+
+
 def test_epoch_order_is_a_seeded_permutation():
     order = schedule().order(3)
     assert sorted(order.tolist()) == list(range(10))

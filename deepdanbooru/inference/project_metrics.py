@@ -95,6 +95,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
 
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
+    from deepdanbooru.models.losses import project_loss
     from deepdanbooru.pipeline import diagnose, inference_dataset
     from deepdanbooru.pipeline.gaps import PositionGaps
     from deepdanbooru.scoring.scorer import BatchScorer, measure
@@ -109,7 +110,8 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
                                 tags=tags)
     gaps = PositionGaps()
     try:
-        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold, observe=gaps.observe,
+        metrics = measure(BatchScorer(model, project_loss(config, "none"), height, width), dataset, threshold,
+                          observe=gaps.observe,
                           categories=category_indices(tag_categories(tags, config.project_dir)))
     except ValueError as error:
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None

@@ -78,23 +78,65 @@ class FusedSGD(compat.FusedUpdate, keras.optimizers.SGD):
         return _update_each(self, distribution, grads_and_vars, ("momentums",), apply)
 
 
+# adamw is Adam with Keras's decoupled decay (var -= var * weight_decay * lr before the Adam step), so it
+# keeps the fused kernel. lamb is Keras's Lamb: the same decoupled decay, then the Adam direction scaled
+# per variable by ||var|| / ||direction|| (You et al. 2019 fold the decay into that ratio; Keras does not).
 OPTIMIZERS = {
-    "adam": lambda rate, **clip: FusedAdam(learning_rate=rate, **clip),
+    "adam": lambda rate, **options: FusedAdam(learning_rate=rate, **options),
     # DeepDanbooru's "sgd" always meant Nesterov momentum 0.9.
-    "sgd": lambda rate, **clip: FusedSGD(learning_rate=rate, momentum=0.9, nesterov=True, **clip),
-    "rmsprop": lambda rate, **clip: keras.optimizers.RMSprop(learning_rate=rate, **clip),
+    "sgd": lambda rate, **options: FusedSGD(learning_rate=rate, momentum=0.9, nesterov=True, **options),
+    "rmsprop": lambda rate, **options: keras.optimizers.RMSprop(learning_rate=rate, **options),
+    "adamw": lambda rate, **options: FusedAdam(learning_rate=rate, **options),
+    "lamb": lambda rate, **options: keras.optimizers.Lamb(learning_rate=rate, **options),
 }
+
+# Layers whose every weight is a normalization parameter (scale, offset; BatchNormalization's moving
+# statistics are not trainable and never reach the optimizer).
+_NORMALIZATION = (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+                  keras.layers.GroupNormalization, keras.layers.UnitNormalization)
+
+
+def decay_exempt(model) -> list:
+    """The trainable variables weight decay must leave alone: every bias and every normalization parameter.
+
+    Found by kind: a layer's `bias`, all weights of a normalization layer, and any other vector
+    (biases and scales of layers nested where the walk does not reach, such as inside
+    MultiHeadAttention). Kernels, embeddings and tokens are decayed.
+    """
+    exempt = {}
+
+    def visit(layer):
+        if isinstance(layer, _NORMALIZATION):
+            for variable in layer.trainable_weights:
+                exempt[id(variable)] = variable
+        bias = getattr(layer, "bias", None)
+        if isinstance(bias, keras.Variable):
+            exempt[id(bias)] = bias
+        for inner in getattr(layer, "layers", ()):
+            visit(inner)
+
+    visit(model)
+    for variable in model.trainable_weights:
+        if len(variable.shape) <= 1:
+            exempt[id(variable)] = variable
+    return list(exempt.values())
 
 
 def make_optimizer(name: str, learning_rate: float, clipnorm: float | None = None,
-                   global_clipnorm: float | None = None) -> keras.optimizers.Optimizer:
+                   global_clipnorm: float | None = None, weight_decay: float | None = None,
+                   decay_exempt_variables=()) -> keras.optimizers.Optimizer:
     """`clipnorm` clips each variable's gradient on its own; `global_clipnorm` (project key
     gradient_clip_norm) scales all gradients together so their joint norm is at most the value,
-    keeping the update's direction. None disables; give at most one."""
+    keeping the update's direction. None disables; give at most one. `weight_decay` (adamw, lamb)
+    skips `decay_exempt_variables` (see `decay_exempt`); call before the optimizer is built."""
     try:
         factory = OPTIMIZERS[name]
     except KeyError:
         raise ModelError(
             f"optimizer: unsupported optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}"
         ) from None
-    return factory(learning_rate, clipnorm=clipnorm, global_clipnorm=global_clipnorm)
+    optimizer = factory(learning_rate, clipnorm=clipnorm, global_clipnorm=global_clipnorm,
+                        weight_decay=weight_decay or None)
+    if optimizer.weight_decay is not None:
+        optimizer.exclude_from_weight_decay(var_list=list(decay_exempt_variables))
+    return optimizer

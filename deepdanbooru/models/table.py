@@ -98,6 +98,19 @@ def final_feature_size(name: str, height: int, width: int) -> tuple[int, int]:
     return height, width
 
 
+def head_has_bias(name: str) -> bool:
+    """Whether the model's output layer has a bias (head_bias_init log_prior needs one)."""
+    return get_architecture(name).head == "dense"
+
+
+def check_head_bias_init(name: str, head_bias_init: str, source=None) -> None:
+    """Refuse log_prior for a model whose head has no bias to set."""
+    if head_bias_init == "log_prior" and not head_has_bias(name):
+        message = (f"log_prior sets the output bias, but {name}'s head (1x1 convolution) has none; use \"zeros\", "
+                   "or a model whose head has a bias (resnet_152)")
+        raise ModelError(file_field(source, "head_bias_init", message) if source else message)
+
+
 def minimum_input_size(name: str) -> int:
     """Smallest height (or width) the model accepts."""
     architecture = get_architecture(name)

@@ -5,8 +5,9 @@ TensorFlow ops inside tf.data (no py_function).
 
 Datasets
 --------
-TrainingInput(height, width, augmentation, seed, batch_size, max_image_pixels)
-    frozen; TrainingInput.from_config(project_config) is the one mapping from project.json.
+TrainingInput(height, width, augmentation, seed, batch_size, max_image_pixels, mixup=None)
+    frozen; TrainingInput.from_config(project_config) is the one mapping from project.json
+    (the augmentation holds the geometry: rotation, scale, shift, flip, crop).
 training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
                  positions=None, num_parallel_calls=tf.data.AUTOTUNE) -> tf.data.Dataset
     paths / tag_strings: the records of ONE slice, already in epoch order;
@@ -14,9 +15,10 @@ training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_see
     given: a worker's shard under multi-worker training), and its augmentation is
     a pure function of (seed, random_seed, its position), whatever the
     process or the parallelism. Augmentation ranges are (low, high) or
-    None/[] (disabled), as in ProjectConfig. Yields dicts
+    None/[] (disabled), as in ProjectConfig, and so are the flip, the crop and
+    the mixup alpha (mixup pairs record i with record b-1-i of its batch). Yields dicts
         {"image": float32 [b, height, width, 3] in [0, 1],
-         "label": float32 [b, len(tags)] multi-hot in tags order,
+         "label": float32 [b, len(tags)] multi-hot in tags order (mixed under mixup),
          "position": int64 [b]}
     b < batch_size at the end, and batches are refilled past dropped records,
     so the number of batches is ceil(usable / batch_size).
@@ -80,7 +82,8 @@ Augmentation, warp_parameters, warp_batch, transform_batch: the geometry
     (height * s_max, width * s_max) (smaller images are not enlarged there)
     and padded onto a fixed canvas; per batch one compiled XLA kernel draws
     the warp from four stateless uniforms keyed by (seed, random_seed,
-    position) and samples bilinearly with clamped coordinates (border
+    position) (four more, from a second stream, when the flip or the crop is
+    on; s_max then includes the crop's zoom) and samples bilinearly with clamped coordinates (border
     replication). Pixel centres are at integer coordinates and the centre of
     an n-pixel axis is pixel floor(n / 2), so the identity warp copies pixels
     exactly; a positive angle turns the picture counter-clockwise as

@@ -1,11 +1,12 @@
 """Records -> tf.data batches for training, validation and inference, all through one code path.
 
 Per record, in a parallel map: read, check the header, decode, area-resize to
-fit, draw four stateless uniforms. Records that fail anywhere are removed by
-`ignore_errors()` *before* batching, and every element carries its position, so
+fit, draw the stateless uniforms (and the mixup weight). Records that fail
+anywhere are removed by `ignore_errors()` *before* batching, and every element carries its position, so
 the gaps in the positions that come out name exactly the records that were
 dropped (BadImageTracker turns them into counts and log lines). Per batch,
-after padding onto a fixed canvas: the compiled warp and the multi-hot labels.
+after padding onto a fixed canvas: the compiled warp, the multi-hot labels and
+mixup.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ import tensorflow as tf
 
 from deepdanbooru.pipeline.decode import decode_for_box
 from deepdanbooru.pipeline.labels import multi_hot, tag_table
+from deepdanbooru.pipeline.mixup import mix_batch, mixup_weight
 from deepdanbooru.pipeline.transform import (
-    Augmentation, canvas_size, fit_into_box, place_on_canvas, record_uniforms, seed_hash, transform_batch,
+    BASE_UNIFORMS,
+    Augmentation,
+    canvas_size,
+    fit_into_box,
+    place_on_canvas,
+    record_uniforms,
+    seed_hash,
+    transform_batch,
 )
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -46,15 +55,16 @@ def _records(paths, positions, tag_strings):
 
 
 @functools.lru_cache(maxsize=32)
-def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scaling):
+def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scaling, mixup):
     """The per-record work as one tf.function, traced once per configuration instead of once per dataset.
 
     The trainer builds a dataset per slice; retracing the decoder graph each
     time cost about half a CPU-second.
     """
-    scale_max = augmentation.scale_max if augmentation else 1.0
-    canvas = canvas_size(*output_size, scale_max)
-    box = (output_size[0] * scale_max, output_size[1] * scale_max)
+    box_factor = augmentation.box_factor if augmentation else 1.0
+    canvas = canvas_size(*output_size, box_factor)
+    box = (output_size[0] * box_factor, output_size[1] * box_factor)
+    uniform_count = augmentation.uniform_count if augmentation else BASE_UNIFORMS
 
     @tf.function(autograph=False, input_signature=[
         tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
@@ -62,23 +72,30 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
         data = tf.io.read_file(path)
         image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling)
         content, size, zoom = fit_into_box(image, source, box, canvas)
-        return content, size, zoom, record_uniforms(hashed_seed, position)
+        uniforms = record_uniforms(hashed_seed, position, uniform_count)
+        weight = mixup_weight(hashed_seed, position, mixup) if mixup else tf.ones([])
+        return content, size, zoom, uniforms, weight
 
-    return prepare, canvas
+    return prepare, canvas, uniform_count
 
 
 def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
-           jpeg_dct_scaling):
+           jpeg_dct_scaling, mixup=None):
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    prepare_record, canvas = _record_function(tuple(output_size), augmentation, int(max_image_pixels),
-                                              bool(jpeg_dct_scaling))
+    if mixup and tags is None:
+        raise ValueError("mixup mixes labels: give tags")
+    mixup = float(mixup) if mixup else None
+    prepare_record, canvas, uniform_count = _record_function(
+        tuple(output_size), augmentation, int(max_image_pixels), bool(jpeg_dct_scaling), mixup)
     hashed_seed = seed_hash(*seeds)
 
     def prepare(record):
-        content, size, zoom, uniforms = prepare_record(record["path"], record["position"], hashed_seed)
+        content, size, zoom, uniforms, weight = prepare_record(record["path"], record["position"], hashed_seed)
         prepared = {"canvas": content, "content": size, "zoom": zoom, "uniforms": uniforms,
                     "position": record["position"]}
+        if mixup:
+            prepared["mixup"] = weight
         if "tags" in record:
             prepared["tags"] = record["tags"]
         return prepared
@@ -91,6 +108,8 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
         out = {"image": tf.ensure_shape(images, [None, *output_size, 3]), "position": batch["position"]}
         if table is not None:
             out["label"] = tf.ensure_shape(multi_hot(batch["tags"], table, len(tags)), [None, len(tags)])
+        if mixup:
+            out["image"], out["label"] = mix_batch(out["image"], out["label"], batch["mixup"])
         return out
 
     # tf.data runs autograph over map functions unless told not to; these branch on Python values only.
@@ -99,9 +118,12 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
     dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
     dataset = dataset.ignore_errors()
     # Padding while batching writes each image once, straight into the batch buffer.
-    shapes = {"canvas": [canvas[0], canvas[1], 3], "content": [2], "zoom": [], "uniforms": [4], "position": []}
+    shapes = {"canvas": [canvas[0], canvas[1], 3], "content": [2], "zoom": [], "uniforms": [uniform_count],
+              "position": []}
     if tags is not None:
         shapes["tags"] = []
+    if mixup:
+        shapes["mixup"] = []
     dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)
     dataset = dataset.map(finish, num_parallel_calls=num_parallel_calls, deterministic=True)
     return dataset.prefetch(PREFETCH_BATCHES).with_options(_OPTIONS)
@@ -117,12 +139,18 @@ class TrainingInput:
     seed: int
     batch_size: int
     max_image_pixels: int
+    mixup: float | None = None  # Beta(alpha, alpha) of the batch mixing; None: off
+
+    def __post_init__(self):
+        object.__setattr__(self, "mixup", float(self.mixup) if self.mixup else None)
 
     @classmethod
     def from_config(cls, config) -> TrainingInput:
-        return cls(height=config.image_height, width=config.image_width,
-                   augmentation=Augmentation(config.rotation_range, config.scale_range, config.shift_range),
-                   seed=config.seed, batch_size=config.minibatch_size, max_image_pixels=config.max_image_pixels)
+        augmentation = Augmentation(config.rotation_range, config.scale_range, config.shift_range,
+                                    config.horizontal_flip, config.crop_area_range)
+        return cls(height=config.image_height, width=config.image_width, augmentation=augmentation,
+                   seed=config.seed, batch_size=config.minibatch_size, max_image_pixels=config.max_image_pixels,
+                   mixup=config.mixup)
 
 
 def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
@@ -140,7 +168,7 @@ def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random
     return _build(
         records, output_size=(options.height, options.width), augmentation=options.augmentation,
         seeds=(options.seed, random_seed), batch_size=options.batch_size, max_image_pixels=options.max_image_pixels,
-        tags=tags, num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling,
+        tags=tags, num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, mixup=options.mixup,
     )
 
 

@@ -5,7 +5,8 @@ and padded onto a fixed-size canvas; per batch a compiled gather-based warp
 samples every output pixel bilinearly with coordinates clamped to the image,
 which is the same as replicating border pixels. Training draws the warp from
 stateless random numbers keyed by (seed, random_seed, position); inference uses
-the identity warp, so both go through the same code.
+the identity warp, so both go through the same code. A random resized crop and
+a horizontal flip, when enabled, are folded into the same warp.
 
 Conventions: pixel (x, y) has its centre at integer coordinates; the centre of
 an n-pixel axis is pixel floor(n / 2), so an identity warp copies pixels exactly
@@ -23,6 +24,10 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 RANDOM_ALGORITHM = "philox"  # pinned: "auto_select" may pick another generator on another device
+BASE_UNIFORMS = 4
+EXTENDED_UNIFORMS = 8
+# XORed into the record key for draws added after DeepDanbooru's four, so those four stay what they were.
+EXTRA_STREAM = 0x5DEECE66D
 
 
 @dataclass(frozen=True)
@@ -32,16 +37,31 @@ class Augmentation:
     rotation_range: tuple[float, float] | None = None
     scale_range: tuple[float, float] | None = None
     shift_range: tuple[float, float] | None = None
+    horizontal_flip: bool = False
+    crop_area_range: tuple[float, float] | None = None  # area fraction of the fitted image, 0 < lo <= hi <= 1
 
     def __post_init__(self):
-        for name in ("rotation_range", "scale_range", "shift_range"):
+        for name in ("rotation_range", "scale_range", "shift_range", "crop_area_range"):
             value = getattr(self, name)
             # [] disables like null does, as in DeepDanbooru's project.json.
             object.__setattr__(self, name, tuple(float(v) for v in value) if value else None)
+        object.__setattr__(self, "horizontal_flip", bool(self.horizontal_flip))
 
     @property
     def scale_max(self) -> float:
         return self.scale_range[1] if self.scale_range else 1.0
+
+    @property
+    def box_factor(self) -> float:
+        """Images are fitted into the output size times this, so the largest zoom still samples real pixels."""
+        if self.crop_area_range is None:
+            return self.scale_max
+        return self.scale_max / math.sqrt(self.crop_area_range[0])
+
+    @property
+    def uniform_count(self) -> int:
+        """Uniforms per record: DeepDanbooru's four (scale, angle, dx, dy), then flip, crop area, crop x, crop y."""
+        return EXTENDED_UNIFORMS if self.horizontal_flip or self.crop_area_range else BASE_UNIFORMS
 
 
 def canvas_size(height: int, width: int, scale_max: float = 1.0) -> tuple[int, int]:
@@ -80,13 +100,16 @@ def place_on_canvas(content, canvas):
     return tf.ensure_shape(placed, [canvas[0], canvas[1], 3])
 
 
-def warp_parameters(content_size, zoom, output_size, scale=1.0, angle_degrees=0.0, shift=(0.0, 0.0)):
+def warp_parameters(content_size, zoom, output_size, scale=1.0, angle_degrees=0.0, shift=(0.0, 0.0), crop=None):
     """Inverse affine maps [..., 6] = (a, b, c, d, e, f): output (x, y) samples input (a x + b y + e, c x + d y + f).
 
     Forward: move the content centre to the origin, scale by zoom * scale,
     rotate by angle_degrees, move to the output centre, shift by
     (width * shift[0], height * shift[1]). content_size is int [..., 2]
     (height, width); the other arguments broadcast against its leading shape.
+    crop (side, (x, y)): the part of the content `side` times its width and
+    height, centred `x` content widths right of and `y` heights below the
+    content centre, fills the place the whole content would have filled.
     """
     out_h, out_w = output_size
     centre_y, centre_x = tf.unstack(tf.cast(tf.math.floordiv(content_size, 2), tf.float32), axis=-1)
@@ -94,6 +117,13 @@ def warp_parameters(content_size, zoom, output_size, scale=1.0, angle_degrees=0.
     centre_out_y = float(out_h // 2) + out_h * tf.cast(shift[1], tf.float32)
     angle = tf.cast(angle_degrees, tf.float32) * (math.pi / 180.0)
     inverse_scale = 1.0 / (tf.cast(zoom, tf.float32) * tf.cast(scale, tf.float32))
+    if crop is not None:
+        # A Python branch, not a multiplication by 1: without a crop the arithmetic stays DeepDanbooru's.
+        side, (crop_x, crop_y) = crop
+        content_h, content_w = tf.unstack(tf.cast(content_size, tf.float32), axis=-1)
+        centre_x = centre_x + crop_x * content_w
+        centre_y = centre_y + crop_y * content_h
+        inverse_scale = inverse_scale * side
     cos = tf.cos(angle) * inverse_scale
     sin = tf.sin(angle) * inverse_scale
     offset_x = centre_x - (cos * centre_out_x - sin * centre_out_y)
@@ -109,25 +139,64 @@ def seed_hash(seed, random_seed):
                                        alg=RANDOM_ALGORITHM)
 
 
-def record_uniforms(hashed_seed, position):
-    """Four uniforms in [0, 1): a pure function of (seed, random_seed, position), whatever the process."""
-    key = tf.stack([tf.cast(hashed_seed, tf.int64), tf.cast(position, tf.int64)])
-    return tf.random.stateless_uniform([4], seed=key, alg=RANDOM_ALGORITHM)
+def record_key(hashed_seed, position, stream: int = 0):
+    """The stateless key of one record's draws; another `stream` gives independent numbers."""
+    hashed = tf.cast(hashed_seed, tf.int64)
+    if stream:
+        hashed = tf.bitwise.bitwise_xor(hashed, tf.constant(stream, tf.int64))
+    return tf.stack([hashed, tf.cast(position, tf.int64)])
+
+
+def record_uniforms(hashed_seed, position, count: int = BASE_UNIFORMS):
+    """`count` uniforms in [0, 1): a pure function of (seed, random_seed, position), whatever the process.
+
+    The first four are DeepDanbooru's whatever `count` is.
+    """
+    uniforms = tf.random.stateless_uniform([BASE_UNIFORMS], seed=record_key(hashed_seed, position),
+                                           alg=RANDOM_ALGORITHM)
+    if count == BASE_UNIFORMS:
+        return uniforms
+    extra = tf.random.stateless_uniform([count - BASE_UNIFORMS], seed=record_key(hashed_seed, position, EXTRA_STREAM),
+                                        alg=RANDOM_ALGORITHM)
+    return tf.concat([uniforms, extra], axis=0)
 
 
 def augmentation_values(uniforms, augmentation: Augmentation):
-    """uniforms [..., 4] -> (scale relative to scale_max, angle in degrees, (dx, dy)), each [...]."""
-    u_scale, u_angle, u_dx, u_dy = tf.unstack(uniforms, axis=-1)
+    """uniforms [..., 4 or more] -> (scale relative to box_factor, angle in degrees, (dx, dy)), each [...]."""
+    u_scale, u_angle, u_dx, u_dy = tf.unstack(uniforms[..., :BASE_UNIFORMS], axis=-1)
+    scale = _draw(augmentation.scale_range, u_scale, 1.0) / augmentation.box_factor
+    angle = _draw(augmentation.rotation_range, u_angle, 0.0)
+    return scale, angle, (_draw(augmentation.shift_range, u_dx, 0.0), _draw(augmentation.shift_range, u_dy, 0.0))
 
-    def draw(value_range, u, disabled):
-        if value_range is None:
-            return tf.fill(tf.shape(u), disabled)
-        low, high = value_range
-        return low + (high - low) * u
 
-    scale = draw(augmentation.scale_range, u_scale, 1.0) / augmentation.scale_max
-    angle = draw(augmentation.rotation_range, u_angle, 0.0)
-    return scale, angle, (draw(augmentation.shift_range, u_dx, 0.0), draw(augmentation.shift_range, u_dy, 0.0))
+def extra_values(uniforms, augmentation: Augmentation):
+    """uniforms [..., 8] -> (flip bool [...] or None, crop (side, (x, y)) or None) for warp_parameters."""
+    if augmentation.uniform_count == BASE_UNIFORMS:
+        return None, None
+    u_flip, u_area, u_x, u_y = tf.unstack(uniforms[..., BASE_UNIFORMS:], axis=-1)
+    flip = u_flip < 0.5 if augmentation.horizontal_flip else None
+    crop = None
+    if augmentation.crop_area_range is not None:
+        side = tf.sqrt(_draw(augmentation.crop_area_range, u_area, 1.0))
+        # Anywhere inside the content: the centre moves at most half the part left over on each axis.
+        room = 1.0 - side
+        crop = (side, ((u_x - 0.5) * room, (u_y - 0.5) * room))
+    return flip, crop
+
+
+def _draw(value_range, u, disabled):
+    if value_range is None:
+        return tf.fill(tf.shape(u), disabled)
+    low, high = value_range
+    return low + (high - low) * u
+
+
+def flip_horizontally(parameters, flip, output_width: int):
+    """Where `flip`, the maps mirrored so output column x shows what column width-1-x would have: an exact flip."""
+    a, b, c, d, e, f = tf.unstack(parameters, axis=-1)
+    last = float(output_width - 1)
+    mirrored = tf.stack([-a, b, -c, d, a * last + e, c * last + f], axis=-1)
+    return tf.where(flip[..., None], mirrored, parameters)
 
 
 def _warp(canvas, parameters, content_size, output_size):
@@ -176,7 +245,10 @@ def _compiled_transform(output_size, augmentation):
             parameters = warp_parameters(content_size, zoom, output_size)
         else:
             scale, angle, shift = augmentation_values(uniforms, augmentation)
-            parameters = warp_parameters(content_size, zoom, output_size, scale, angle, shift)
+            flip, crop = extra_values(uniforms, augmentation)
+            parameters = warp_parameters(content_size, zoom, output_size, scale, angle, shift, crop)
+            if flip is not None:
+                parameters = flip_horizontally(parameters, flip, output_size[1])
         return _warp(canvas, parameters, content_size, output_size)
 
     # No autograph: every branch here is on Python values, and converting this module's source cost

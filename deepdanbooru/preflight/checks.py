@@ -104,6 +104,7 @@ def check_model(run: Run):
     """The model takes this input, and how big it is, before anyone waits for TensorFlow to build it."""
     config = run.need("config")
     table.check_model_input(config.model, config.input_shape, config.config_path)
+    table.check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     if run.tags is None:
         return PASS, f"{config.model} accepts input {config.image_height}x{config.image_width}x3"
     trainable, frozen = table.parameter_counts(config.model, config.input_shape, len(run.tags))

@@ -31,8 +31,13 @@ MODEL_NAMES = (
     "efficientnetv2_s",
     "vit_small_patch16",
 )
-LOSS_NAMES = ("binary_crossentropy", "focal_loss")
-OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
+LOSS_NAMES = ("binary_crossentropy", "focal_loss", "asymmetric")
+OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop", "adamw", "lamb")
+LR_SCHEDULES = ("steps", "warmup_cosine")
+HEAD_BIAS_INITS = ("zeros", "log_prior")
+TAG_LOSS_WEIGHTS = ("log_frequency",)
+# adamw and lamb decay by this much when weight_decay is null (timm's and ConvNeXt's usual AdamW value).
+DEFAULT_WEIGHT_DECAY = 0.05
 BEST_MODEL_METRICS = ("macro_f1", "micro_f1", "map", "mcc", "loss")
 
 # Pillow's own decompression-bomb limit: about a 9,500 x 9,500 image.
@@ -62,6 +67,7 @@ def _float(
     minimum: float | None = None,
     maximum: float | None = None,
     exclusive_minimum: bool = False,
+    exclusive_maximum: bool = False,
 ) -> Callable[[Any], float]:
     def check(value):
         number = _number(value)
@@ -70,8 +76,8 @@ def _float(
                 raise _Invalid(f"must be > {minimum}, got {_show(value)}")
             if not exclusive_minimum and number < minimum:
                 raise _Invalid(f"must be >= {minimum}, got {_show(value)}")
-        if maximum is not None and number > maximum:
-            raise _Invalid(f"must be <= {maximum}, got {_show(value)}")
+        if maximum is not None and (number >= maximum if exclusive_maximum else number > maximum):
+            raise _Invalid(f"must be {'<' if exclusive_maximum else '<='} {maximum}, got {_show(value)}")
         return number
 
     return check
@@ -123,7 +129,16 @@ def _optional_float(**limits) -> Callable[[Any], float | None]:
     return check
 
 
-def _range(positive: bool = False) -> Callable[[Any], tuple[float, float] | None]:
+def _optional_choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
+    inner = _choice(options)
+
+    def check(value):
+        return None if value is None else inner(value)
+
+    return check
+
+
+def _range(positive: bool = False, maximum: float | None = None) -> Callable[[Any], tuple[float, float] | None]:
     """[lo, hi] with lo <= hi; null or [] disables."""
 
     def check(value):
@@ -140,6 +155,8 @@ def _range(positive: bool = False) -> Callable[[Any], tuple[float, float] | None
             raise _Invalid(f"low must be <= high, got {_show(value)}")
         if positive and low <= 0:
             raise _Invalid(f"low must be > 0, got {_show(value)}")
+        if maximum is not None and high > maximum:
+            raise _Invalid(f"high must be <= {maximum:g}, got {_show(value)}")
         return (low, high)
 
     return check
@@ -266,6 +283,43 @@ KEYS: tuple[Key, ...] = (
         ", ".join(BEST_MODEL_METRICS), spec=False),
     Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
         "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
+    # The recipe keys (issue 17). Defaults: DeepDanbooru's recipe, unchanged.
+    Key("asl_gamma_neg", 4.0, _float(0.0), "loss asymmetric: focusing exponent of the negatives", "float", ">= 0",
+        spec=False),
+    Key("asl_gamma_pos", 0.0, _float(0.0), "loss asymmetric: focusing exponent of the positives", "float", ">= 0",
+        spec=False),
+    Key("asl_clip", 0.05, _float(0.0, 0.5),
+        "loss asymmetric: probability margin subtracted from a negative's score (0: no shifting)", "float",
+        "0 to 0.5", spec=False),
+    Key("weight_decay", None, _optional_float(minimum=0.0),
+        f"optimizer adamw or lamb: decoupled weight decay (times the learning rate), not applied to biases and "
+        f"normalization parameters; null: {DEFAULT_WEIGHT_DECAY}", "float or null", ">= 0", spec=False),
+    Key("lr_schedule", "steps", _choice(LR_SCHEDULES),
+        "steps: learning_rate / learning_rates per epoch; warmup_cosine: per minibatch, linear warmup to "
+        "learning_rate over warmup_epochs, then cosine down to min_learning_rate at the end of epoch_count",
+        "str", ", ".join(LR_SCHEDULES), spec=False),
+    Key("warmup_epochs", 1.0, _float(0.0), "lr_schedule warmup_cosine: length of the linear warmup, in epochs",
+        "float", ">= 0", spec=False),
+    Key("min_learning_rate", 0.0, _float(0.0), "lr_schedule warmup_cosine: the rate the cosine ends at", "float",
+        ">= 0, <= learning_rate", spec=False),
+    Key("ema_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True),
+        "keep an exponential moving average of the weights (decay per minibatch) in the checkpoint; validation "
+        "and exports use it (null: off)", "float or null", "0 < d < 1", spec=False),
+    Key("head_bias_init", "zeros", _choice(HEAD_BIAS_INITS),
+        "from scratch, the output bias of each tag: zeros, or log_prior (the log-odds of its frequency in the "
+        "training records; models whose head has a bias)", "str", ", ".join(HEAD_BIAS_INITS), spec=False),
+    Key("tag_loss_weights", None, _optional_choice(TAG_LOSS_WEIGHTS),
+        "null: every tag weighs 1 in the loss; log_frequency: 1 + ln(records / tag count), scaled to mean 1, "
+        "so rarer tags weigh more", "str or null", ", ".join(TAG_LOSS_WEIGHTS), spec=False),
+    Key("horizontal_flip", False, _bool, "mirror each training image left-right with probability 1/2", "bool",
+        "true, false", spec=False),
+    Key("crop_area_range", None, _range(positive=True, maximum=1.0),
+        "random resized crop: the part of the image kept, as a fraction of its area (same proportions, "
+        "anywhere inside), is drawn from [lo, hi] and fills the output; null or [] disables",
+        "[lo, hi] or null", "0 < lo <= hi <= 1", spec=False),
+    Key("mixup", None, _optional_float(minimum=0.0, exclusive_minimum=True),
+        "mixup alpha: each training image and its labels are mixed with another of its batch, with a "
+        "Beta(alpha, alpha) weight (null: off)", "float or null", "> 0", spec=False),
     Key("backbone_weights", None, _optional_path,
         "weights for the model's trunk, loaded when training starts from scratch (the head starts fresh); "
         "a relative path is resolved against the project directory; see docs/training.md", "str or null",
@@ -275,6 +329,18 @@ KEYS: tuple[Key, ...] = (
         "int", ">= 0", spec=False),
 )
 KEY_BY_NAME = {key.name: key for key in KEYS}
+
+# A key that only one setting of another key reads: giving it with any other setting is an error,
+# so a value that would be silently ignored never looks like it took effect.
+USED_ONLY_WITH = {
+    "asl_gamma_neg": ("loss", ("asymmetric",)),
+    "asl_gamma_pos": ("loss", ("asymmetric",)),
+    "asl_clip": ("loss", ("asymmetric",)),
+    "weight_decay": ("optimizer", ("adamw", "lamb")),
+    "warmup_epochs": ("lr_schedule", ("warmup_cosine",)),
+    "min_learning_rate": ("lr_schedule", ("warmup_cosine",)),
+    "learning_rates": ("lr_schedule", ("steps",)),
+}
 
 # What create-project writes: DeepDanbooru's keys in its order plus the ones of ours a new
 # project should see. learning_rates is absent by default, as DeepDanbooru left it.
@@ -311,6 +377,19 @@ class ProjectConfig:
     validation_threshold: float
     best_model_metric: str
     gradient_clip_norm: float | None
+    asl_gamma_neg: float
+    asl_gamma_pos: float
+    asl_clip: float
+    weight_decay: float | None
+    lr_schedule: str
+    warmup_epochs: float
+    min_learning_rate: float
+    ema_decay: float | None
+    head_bias_init: str
+    tag_loss_weights: str | None
+    horizontal_flip: bool
+    crop_area_range: tuple[float, float] | None
+    mixup: float | None
     backbone_weights: Path | None
     freeze_backbone_epochs: int
     unknown_keys: tuple[str, ...] = field(default=())
@@ -336,6 +415,13 @@ class ProjectConfig:
         if path is not None and not path.is_file():
             raise ConfigError(file_field(self.config_path, "backbone_weights", f"file not found: {path}"))
         return path
+
+    @property
+    def decay(self) -> float | None:
+        """The weight decay the optimizer applies (None: the optimizer has none)."""
+        if self.optimizer not in USED_ONLY_WITH["weight_decay"][1]:
+            return None
+        return DEFAULT_WEIGHT_DECAY if self.weight_decay is None else self.weight_decay
 
     def require_database(self) -> Path:
         """The database path, checked to exist (training and preflight need it)."""
@@ -365,6 +451,7 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None) -> Pro
             values[key.name] = key.check(raw[key.name])
         except _Invalid as error:
             raise ConfigError(file_field(source, key.name, str(error))) from None
+    _check_combinations(raw, values, source)
     unknown = tuple(sorted(name for name in raw if name not in KEY_BY_NAME))
     for name in unknown:
         warnings.warn(f"{source}: unknown key {name!r} is ignored{_did_you_mean(name, KEY_BY_NAME)}",
@@ -379,6 +466,17 @@ def _project_path(value: str | None, project_dir: Path) -> Path | None:
         return None
     path = Path(value).expanduser()
     return path if path.is_absolute() else project_dir / path
+
+def _check_combinations(raw: dict, values: dict, source: Path) -> None:
+    for name, (owner, settings) in USED_ONLY_WITH.items():
+        if raw.get(name) is not None and values[owner] not in settings:
+            raise ConfigError(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
+                                                       f"{owner} is {_show(values[owner])}; remove it or change "
+                                                       f"{owner}"))
+    if values["lr_schedule"] == "warmup_cosine" and values["min_learning_rate"] > values["learning_rate"]:
+        raise ConfigError(file_field(source, "min_learning_rate", f"must be <= learning_rate "
+                                                                  f"({values['learning_rate']}), got "
+                                                                  f"{_show(raw['min_learning_rate'])}"))
 
 
 def load_config(project_dir) -> ProjectConfig:

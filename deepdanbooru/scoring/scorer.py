@@ -11,17 +11,18 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from deepdanbooru.models import make_loss
+from deepdanbooru.models.losses import as_loss
 from deepdanbooru.scoring.metrics import ValidationMetrics
 
 
 class BatchScorer:
     """(images, labels) -> (float32 scores, summed per-image loss); one trace serves every batch size."""
 
-    def __init__(self, model, loss_name: str, height: int, width: int):
+    def __init__(self, model, loss, height: int, width: int):
+        """loss: a loss name, or a Loss made with reduction "none" (models.losses.project_loss)."""
         self.model = model
         self.n_tags = int(model.output_shape[-1])
-        self._loss = make_loss(loss_name, reduction="none")
+        self._loss = as_loss(loss, "none")
         self._call = tf.function(self._score, input_signature=[
             tf.TensorSpec([None, height, width, 3], tf.float32),
             tf.TensorSpec([None, self.n_tags], tf.float32),

@@ -4,6 +4,7 @@
         order = permutation(train records, seed=(seed, random_seed))
         learning rate = schedule(used_epoch)
         while offset < len(records):
+            (--time-limit: stop and export here if the next slice and its exports would not fit)
             train on order[offset : offset + checkpoint_frequency_mb * minibatch_size]
             count the bad images; offset = end of the slice
             validate when due; checkpoint (latest 3 kept); mirror to state.json
@@ -18,6 +19,8 @@ same batches with the same augmentation as a run that never stopped.
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +32,9 @@ import tensorflow as tf
 from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
 from deepdanbooru.models.backbone import load_backbone_weights, set_backbone_trainable
+from deepdanbooru.models.head import grow_vocabulary, set_head_bias
+from deepdanbooru.models.losses import project_loss
+from deepdanbooru.models.optimizers import decay_exempt
 from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.pipeline import TrainingInput
 from deepdanbooru.project.tags import tags_hash
@@ -36,9 +42,11 @@ from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, w
 from deepdanbooru.scoring.split import records_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.data import Epoch, slice_input
+from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport
-from deepdanbooru.training.schedule import Schedule
+from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, format_duration
+from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
+from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
 from deepdanbooru.training.state import ResumeState, read_checkpoint_state
 from deepdanbooru.training.step import TrainStep, build_optimizer
@@ -80,10 +88,33 @@ def _check_model_shapes(model, plan, source) -> None:
     output = tuple(model.output_shape)
     if len(output) != 2 or output[1] != len(plan.tags):
         raise ModelError(file_field(source, "output", f"model output is {output[1:]}, but {plan.paths.tags} "
-                                    f"has {len(plan.tags)} tags; the output width must equal the tag count"))
+                                    f"has {len(plan.tags)} tags; give --source-tags (the tags.txt the model was "
+                                    "trained with) to map its outputs onto these tags by name"))
 
 
-def _make_model(plan, policy: str, resuming: bool, echo) -> keras.Model:
+class _Priors:
+    """Per-tag counts over the training records, counted once and only when a key needs them."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self._counts = None
+
+    @property
+    def counts(self) -> list[int]:
+        if self._counts is None:
+            self._counts = tag_counts(self.plan.train.tag_strings, self.plan.tags)
+        return self._counts
+
+    def log_odds(self) -> list[float]:
+        return log_odds(self.counts, len(self.plan.train))
+
+    def loss_weights(self) -> list[float] | None:
+        if self.plan.config.tag_loss_weights is None:
+            return None
+        return log_frequency_weights(self.counts, len(self.plan.train))
+
+
+def _make_model(plan, policy: str, priors: _Priors, resuming: bool, echo=print) -> keras.Model:
     """Call inside the strategy scope: every variable must be created there."""
     config = plan.config
     if plan.source_model is None:
@@ -93,11 +124,17 @@ def _make_model(plan, policy: str, resuming: bool, echo) -> keras.Model:
         if config.backbone_weights is not None and not resuming:
             count = load_backbone_weights(model, config.model, config.require_backbone_weights(), config.input_shape)
             echo(f"Backbone: {count} trunk layers from {config.backbone_weights}; the head starts fresh")
+        if config.head_bias_init == "log_prior":
+            set_head_bias(model, priors.log_odds())
         return model
     if config.backbone_weights is not None and not resuming:
         echo(f"notice: --source-model gives every weight; backbone_weights of {config.config_path} is not used")
     # Loaded outside our control (maybe compiled, maybe another policy): rebuild uncompiled under ours.
     loaded = load_model_file(plan.source_model)
+    if plan.source_tags is not None and list(plan.source_tags) != list(plan.tags):
+        loaded, summary = grow_vocabulary(loaded, plan.source_tags, plan.tags, priors.log_odds(), plan.source_model)
+        echo(f"--source-model {plan.source_model.name}: kept {summary['kept']:,} tags, {summary['new']:,} new, "
+             f"{summary['dropped']:,} dropped")
     _check_model_shapes(loaded, plan, plan.source_model)
     return with_policy(loaded, policy)
 
@@ -131,6 +168,9 @@ class SliceTrainer:
         self.train_paths = plan.train.paths()
         self.schedule = Schedule.from_config(self.config, len(plan.train))
         self.input_options = TrainingInput.from_config(self.config)
+        # The learning rate per epoch (steps) or per minibatch (warmup_cosine).
+        self.rates = LearningRateSchedule(self.config, len(plan.train))
+        self.priors = _Priors(plan)
 
         check_global_batch(strategy, self.config.minibatch_size, self.config.config_path)
         echo(describe_strategy(strategy, self.role, self.config.minibatch_size))
@@ -143,14 +183,16 @@ class SliceTrainer:
         self._build_model_and_optimizer()
         self.counters = self._restore()
         self.worker_sums = self._agree_with_the_other_workers()
-        self.step = TrainStep(strategy, self.model, self.optimizer, self.config.loss,
-                              loss_scaled=self.policy == MIXED)
+        self.step = TrainStep(strategy, self.model, self.optimizer,
+                              project_loss(self.config, "none", self.priors.loss_weights()),
+                              loss_scaled=self.policy == MIXED, ema=self.ema)
         self.step.sums.step.assign(self.counters.used_minibatch)
         # used_sample at the start of this process; the step's sums add what this process trains.
         self._base_samples = self.counters.used_sample
         # Validation writes reports and exports: the chief's job in a cluster.
         self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
             if len(plan.validation) and self.role.is_chief else None
+        self.budget = plan.time_budget
         self._last_log = time.monotonic()
         self._run_start = (time.monotonic(), self._done_records())
 
@@ -165,18 +207,22 @@ class SliceTrainer:
 
     def _build_model_and_optimizer(self) -> None:
         with self.strategy.scope():
-            self.model = _make_model(self.plan, self.policy, bool(self.latest), self.echo)
-            rate = self.config.learning_rate_for_epoch(0)
+            self.model = _make_model(self.plan, self.policy, self.priors, bool(self.latest), self.echo)
+            rate = self.rates.rate(0, 0)
             self.optimizer, inner = build_optimizer(
                 # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
-                lambda: make_optimizer(self.config.optimizer, rate, global_clipnorm=self.config.gradient_clip_norm),
+                lambda: make_optimizer(self.config.optimizer, rate, global_clipnorm=self.config.gradient_clip_norm,
+                                       weight_decay=self.config.decay, decay_exempt_variables=decay_exempt(self.model)),
                 self.policy == MIXED)
             # Built before any restore, so every slot exists and the restore fills it in place.
             self.optimizer.build(self.model.trainable_variables)
+            self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
         synchronize_batch_norm(self.model, self.strategy)
         self.state = ResumeState()
         self._core = dict(model=self.model, optimizer=inner, state=self.state,
                           loss_scale=LossScaleState(self.optimizer))
+        if self.ema is not None:
+            self._core["ema"] = self.ema.state
         self.checkpoint = tf.train.Checkpoint(**self._core, monitors=_monitor_state(self.monitors))
         # Only the chief writes checkpoints; a worker's manager only counts them.
         self.manager = checkpoint_manager(self.checkpoint, self.paths.checkpoints, self.role, self.latest,
@@ -185,15 +231,23 @@ class SliceTrainer:
     def _restore(self) -> Counters:
         if not self.latest:
             return Counters()
+        core = self._core
+        saved_average = checkpoint_has_average(self.latest)
+        fresh_average = self.ema is not None and not saved_average
+        if fresh_average:
+            # Written before ema_decay was set: the rest must match; the average then starts at those weights.
+            core = {key: value for key, value in core.items() if key != "ema"}
         try:
             status = self.checkpoint.restore(self.latest)
+            if saved_average and self.ema is None:
+                status.expect_partial()  # ema_decay turned off: the saved average is left unread, without a warning
             if not self.role.is_chief:
                 status.expect_partial()  # a worker has no monitors: their saved state is the chief's alone
             try:
                 status.assert_existing_objects_matched()
             except AssertionError:
                 # Monitor state (e.g. the best-so-far value) may predate this checkpoint; only the core must match.
-                tf.train.Checkpoint(**self._core).read(self.latest).assert_existing_objects_matched()
+                tf.train.Checkpoint(**core).read(self.latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
             raise TrainingError(file_field(
@@ -201,6 +255,9 @@ class SliceTrainer:
                 f"does not fit the model being trained ({reason}); resume with the same model "
                 f"(and --source-model) it was saved with, or delete {self.paths.checkpoints} to start fresh"
             )) from None
+        if fresh_average:
+            self.ema.reset()
+            self.echo(f"notice: {self.latest} holds no weight average; ema_decay starts it at the restored weights")
         counters = self.state.counters()
         saved_records = self.state.records_hash.numpy().decode()
         if saved_records and saved_records != self.records_hash and counters.offset:
@@ -235,9 +292,12 @@ class SliceTrainer:
                       f"writing the exports again. Raise epoch_count in {self.config.config_path} to train further")
         while c.used_epoch < schedule.epoch_count:
             order = schedule.order(c.random_seed)
-            self.optimizer.learning_rate = self.config.learning_rate_for_epoch(c.used_epoch)
+            self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)
             self._freeze_backbone(c.used_epoch)
             while c.offset < schedule.train_records:
+                if not self._another_slice_fits():
+                    return self._stop_for_time_limit()
+                started = time.monotonic()
                 stop = schedule.slice_stop(c.offset)
                 bad = self._train_slice(order, c.offset, stop)
                 self._count_bad_images(bad, stop)
@@ -248,6 +308,8 @@ class SliceTrainer:
                 if trigger and self.validator is not None:
                     self._validate(trigger)
                 self._checkpoint()
+                if self.budget is not None:
+                    self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
         self._export(self.paths.final_export(self.config.model), "final")
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
@@ -267,6 +329,8 @@ class SliceTrainer:
         self.step.bind(source.dataset.element_spec)
         steps = 0
         for batch in source.dataset:
+            if self.rates.per_minibatch:
+                self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)
             self.step(batch)
             steps += 1
             c.used_minibatch += 1
@@ -302,8 +366,38 @@ class SliceTrainer:
         saving = time.monotonic()
         path = self._save_checkpoint()
         logs["checkpoint_seconds"] = time.monotonic() - saving
+        if self.budget is not None:
+            self.budget.checkpoint_took(logs["checkpoint_seconds"])
         for monitor in self.monitors:
             monitor.on_slice_end(self._progress(), path, logs)
+
+    def _another_slice_fits(self) -> bool:
+        """--time-limit: whether the next slice and the exports after it end in time (every worker agreeing)."""
+        c = self.counters
+        fits = self.budget is None or self.budget.another_slice_fits(
+            exports=self.schedule.exports_after_slice(c.used_epoch, c.offset))
+        if self.worker_sums is not None:
+            # A collective: a worker that stopped alone would leave the others waiting in the next step.
+            fits = self.worker_sums([0.0 if fits else 1.0])[0] == 0
+        return fits
+
+    def _stop_for_time_limit(self) -> Counters:
+        """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
+        c = self.counters
+        export = self.paths.final_export(self.config.model)
+        self._export(export, "time limit")
+        budget = self.budget
+        notice = budget.too_small_notice(self.config.config_path) if budget is not None else None
+        if notice:
+            self.echo(notice)
+        limit = f" --time-limit {budget.text}" if budget is not None else ""
+        elapsed = f" after {format_duration(budget.elapsed())}" if budget is not None else ""
+        schedule, again = self.schedule, f"deepdanbooru train-project {shlex.quote(str(self.paths.root))}{limit}"
+        self.echo(f"Stopped for the time limit{elapsed} at epoch {c.used_epoch + 1}/{schedule.epoch_count}, "
+                  f"record {c.offset}/{schedule.train_records}, step {c.used_minibatch}: "
+                  f"{self.manager.latest_checkpoint} and {export.name} are written. To continue from there, "
+                  f"run train-project again, e.g. {again}")
+        return c
 
     def _end_epoch(self) -> None:
         c = self.counters
@@ -342,7 +436,7 @@ class SliceTrainer:
         raise TrainingError(file_field(
             self.config.config_path, "learning_rate",
             f"non-finite loss at step {step} (epoch {self.counters.used_epoch + 1}); training stopped and "
-            f"{kept}. Lower the learning rate (now {self.config.learning_rate_for_epoch(self.counters.used_epoch)}"
+            f"{kept}. Lower the learning rate (now {self._rate()}"
             ") or set gradient_clip_norm, then run train-project again"))
 
     def _save_checkpoint(self) -> str:
@@ -363,28 +457,40 @@ class SliceTrainer:
     def _export(self, path: Path, kind: str) -> None:
         if not self.role.is_chief:
             return  # exports read the mirrored weights without collectives: the chief alone writes them
+        started = time.monotonic()
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
         # An export is a whole trainable model, also one written while the trunk is frozen.
         refreeze = set_backbone_trainable(self.model, True)
         try:
-            written = export_model(self.model, path, float32_copy=copy)
+            with self._averaged():
+                written = export_model(self.model, path, float32_copy=copy)
+                if self.validator is not None:
+                    report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
+                    write_sidecars(path, self.plan.tags, report)
         finally:
             if refreeze:
                 set_backbone_trainable(self.model, False)
-        if self.validator is not None:
-            report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
-            write_sidecars(path, self.plan.tags, report)
+        if self.budget is not None:
+            self.budget.export_took(time.monotonic() - started)
         for monitor in self.monitors:
             monitor.on_export(written[0], kind)
             if copy is not None:
                 monitor.on_export(written[1], "float32")
 
     def _validate(self, trigger: str) -> ValidationReport:
-        report = self.validator.run(self._progress(), trigger)
-        logs: dict = {}
-        for monitor in self.monitors:
-            monitor.on_validation(report, logs)
+        # The best-model monitor exports from on_validation: it must see the weights that were measured.
+        with self._averaged():
+            report = self.validator.run(self._progress(), trigger)
+            if self.budget is not None:
+                self.budget.validation_took(report.seconds)
+            logs: dict = {}
+            for monitor in self.monitors:
+                monitor.on_validation(report, logs)
         return report
+
+    def _averaged(self):
+        """The weights validation and exports use: the moving average with ema_decay, else the trained ones."""
+        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
 
     # --- reporting ---
 
@@ -419,9 +525,15 @@ class SliceTrainer:
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
                       precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,
                       eta_seconds=eta, fraction=progress.fraction(position),
-                      learning_rate=self.config.learning_rate_for_epoch(progress.used_epoch))
+                      learning_rate=self._rate())
         for monitor in self.monitors:
             monitor.on_step_log(log)
+
+    def _rate(self) -> float:
+        """The rate the last step used (warmup_cosine sets it before each step, from the count before it)."""
+        c = self.counters
+        last = c.used_minibatch - 1 if self.rates.per_minibatch and c.used_minibatch else c.used_minibatch
+        return self.rates.rate(c.used_epoch, last)
 
     def _run_info(self) -> RunInfo:
         schedule = self.schedule

@@ -93,6 +93,7 @@ class ValidationReport:
     records: int  # validation records
     skipped: int  # of them, unreadable and left out
     seconds: float
+    ema_decay: float | None = None  # set when the weights measured are the moving average (ema_decay)
 
     @property
     def metrics(self) -> dict:

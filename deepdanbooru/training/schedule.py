@@ -1,12 +1,20 @@
-"""When things happen in a run: epoch orders, slice bounds, validation and exports (no TensorFlow).
+"""When things happen in a run: epoch orders, slice bounds, validation and exports, learning rates (no TensorFlow).
 
 Everything here is a function of project.json, the number of training records
 and the resume counters, so a resumed run takes the same decisions at the same
 places as one that never stopped.
+
+Learning rates (LearningRateSchedule):
+    steps          DeepDanbooru's: learning_rates' entry for used_epoch (else learning_rate), set per epoch
+    warmup_cosine  per minibatch u (used_minibatch before the step), with S = minibatches per epoch:
+                   u < W = round(warmup_epochs * S):  learning_rate * (u + 1) / W
+                   otherwise:  min + (learning_rate - min) * (1 + cos(pi * (u - W) / (T - W))) / 2,
+                   T = epoch_count * S, held at min once u reaches T
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +70,12 @@ class Schedule:
         """Whether the epoch that just ended (used_epoch counts it) writes its own export."""
         return self.export_every == 0 or used_epoch % self.export_every == 0
 
+    def exports_after_slice(self, used_epoch: int, offset: int) -> int:
+        """The exports that can follow the slice starting at `offset` before a run ends: its epoch's, when
+        that slice ends an epoch that exports, and the final one or the one a --time-limit stop writes."""
+        ends_epoch = self.slice_stop(offset) >= self.train_records
+        return 1 + int(ends_epoch and self.export_due(used_epoch + 1))
+
     def trained_out(self, used_epoch: int, offset: int) -> bool:
         """All epochs trained: the last checkpoint of a run is its last slice's, before the epoch end."""
         return used_epoch >= self.epoch_count or (used_epoch == self.epoch_count - 1
@@ -70,3 +84,33 @@ class Schedule:
     def done_records(self, used_epoch: int, position: int) -> int:
         """Records handed to the model since the first epoch began, `position` into epoch used_epoch."""
         return used_epoch * self.train_records + position
+
+
+@dataclass(frozen=True)
+class LearningRateSchedule:
+    config: object  # ProjectConfig
+    train_records: int
+
+    @property
+    def per_minibatch(self) -> bool:
+        return self.config.lr_schedule == "warmup_cosine"
+
+    @property
+    def minibatches_per_epoch(self) -> int:
+        # Slices are whole minibatches except the epoch's last, so an epoch is ceil(records / batch) steps.
+        return max(1, -(-self.train_records // self.config.minibatch_size))
+
+    def rate(self, used_epoch: int, used_minibatch: int) -> float:
+        config = self.config
+        if not self.per_minibatch:
+            return config.learning_rate_for_epoch(used_epoch)
+        per_epoch = self.minibatches_per_epoch
+        total = config.epoch_count * per_epoch
+        warmup = min(round(config.warmup_epochs * per_epoch), total)
+        if used_minibatch < warmup:
+            return config.learning_rate * (used_minibatch + 1) / warmup
+        if used_minibatch >= total:
+            return config.min_learning_rate
+        progress = (used_minibatch - warmup) / (total - warmup)
+        return config.min_learning_rate + (config.learning_rate - config.min_learning_rate) \
+            * 0.5 * (1.0 + math.cos(math.pi * progress))

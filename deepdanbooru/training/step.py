@@ -12,7 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from deepdanbooru.models import make_loss
+from deepdanbooru.models.losses import as_loss
 from deepdanbooru.training.strategy import sum_across_replicas, take_over_gradient_reduction
 
 THRESHOLD = 0.5  # the console's precision / recall / F1 are at this score
@@ -65,15 +65,17 @@ def threshold_counts(scores, labels):
 class TrainStep:
     """`TrainStep(...)(distributed_batch)` runs one optimisation step on every replica."""
 
-    def __init__(self, strategy, model, optimizer, loss_name: str, loss_scaled: bool, count_metrics: bool = True):
+    def __init__(self, strategy, model, optimizer, loss, loss_scaled: bool, count_metrics: bool = True, ema=None):
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
         self.loss_scaled = loss_scaled
         # False only to measure what the counts cost (bench/metrics_overhead.py): precision etc. then read 0.
         self.count_metrics = count_metrics
-        # Per-example values, so the average can be taken over the real (maybe partial) global batch.
-        self.loss = make_loss(loss_name, reduction="none")
+        # `loss`: a name, or a Loss made with reduction "none": per-example values, so the average can be
+        # taken over the real (maybe partial) global batch.
+        self.loss = as_loss(loss, "none")
+        self.ema = ema  # training.ema.WeightAverage or None
         take_over_gradient_reduction(optimizer, strategy)
         with strategy.scope():
             self.sums = StepSums()
@@ -120,6 +122,8 @@ class TrainStep:
     def _step(self, batch):
         per_replica = self.strategy.run(self._replica_step, args=(batch["image"], batch["label"]))
         loss_sum, samples, tp, fp, fn = (self.strategy.reduce(_SUM, value, axis=None) for value in per_replica)
+        if self.ema is not None:
+            self.ema.update()
         c = self.sums
         c.step.assign_add(1)
         # Recorded, not raised: raising would need a host sync every step.

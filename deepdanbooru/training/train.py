@@ -13,12 +13,13 @@ from pathlib import Path
 
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.errors import ModelError, TrainingError, file_field
-from deepdanbooru.models.table import check_model_input
+from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
+from deepdanbooru.training.budget import TimeBudget
 
 
 @dataclass(frozen=True)
@@ -31,29 +32,53 @@ class TrainingPlan:
     train: Records
     validation: Records
     source_model: Path | None = None
+    # The vocabulary the source model was trained on, when known (--source-tags, or its thresholds.csv).
+    source_tags: tuple[str, ...] | None = None
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
     split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
+    time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
+
+
+def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
+    """--source-tags FILE; else the `<stem>.thresholds.csv` that training writes beside each export; else None."""
+    if source_tags is not None:
+        return tuple(load_tags(source_tags))
+    stem = source_model.stem.removesuffix(".float32")
+    sidecar = source_model.with_name(stem + ".thresholds.csv")
+    if not sidecar.is_file():
+        return None
+    from deepdanbooru.scoring.thresholds import read_thresholds_csv
+
+    return tuple(read_thresholds_csv(sidecar))
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
-                  devices: str | None = None) -> TrainingPlan:
+                  devices: str | None = None, source_tags=None, time_limit: float | None = None,
+                  time_limit_text: str | None = None) -> TrainingPlan:
     from deepdanbooru.runstate.state import read_state_json
     from deepdanbooru.scoring.split import split_for_run
 
+    # First: the limit counts the whole command, start-up included.
+    budget = TimeBudget(time_limit, time_limit_text) if time_limit is not None else None
     role = cluster_role()
     device_choice = parse_devices(devices)
     paths = ProjectPaths(project_dir)
     config = load_config(paths.root)
     tags = load_tags(paths.tags)
     database = config.require_database()
+    known_tags = None
     if source_model is None:
+        if source_tags is not None:
+            raise ModelError(file_field(source_tags, None, "--source-tags is for --source-model; give both"))
         check_model_input(config.model, config.input_shape, source=config.config_path)
+        check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     else:
         source_model = Path(source_model)
         if not source_model.is_file():
             raise ModelError(file_field(source_model, None, "--source-model file not found"))
+        known_tags = source_model_tags(source_model, source_tags)
     records = load_records(database, config.minimum_tag_count, config.image_extensions)
     if not len(records):
         raise TrainingError(file_field(
@@ -66,8 +91,8 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
-    return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision, device_choice,
-                        role, split_note)
+    return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, force_mixed_precision,
+                        device_choice, role, split_note, budget)
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -93,12 +118,15 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
-                  monitors=None, devices: str | None = None):
+                  monitors=None, devices: str | None = None, source_tags=None, time_limit: float | None = None,
+                  time_limit_text: str | None = None):
     """Train (or resume) the project; returns the final counters (runstate.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
+    time_limit: seconds; at the last slice end before it would be passed, export and return (see budget.py).
     """
-    plan = plan_training(project_dir, source_model, force_mixed_precision, devices)
+    plan = plan_training(project_dir, source_model, force_mixed_precision, devices, source_tags, time_limit,
+                         time_limit_text)
     if plan.split_note:
         echo(plan.split_note)
     # In a cluster only the chief locks and writes; the workers read the project and compute.

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from deepdanbooru.errors import TrainingError, file_field
+from deepdanbooru.models.losses import project_loss
 from deepdanbooru.pipeline import BadImageTracker, inference_dataset
 from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.scoring.metrics import write_metrics_json, write_thresholds_csv
@@ -26,7 +27,8 @@ class Validator:
         self.dataset = inference_dataset(
             self.paths, height=config.image_height, width=config.image_width, batch_size=config.minibatch_size,
             max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags))
-        self.scorer = BatchScorer(model, config.loss, config.image_height, config.image_width)
+        # The project's loss without tag_loss_weights: the figure evaluate-project --metrics computes too.
+        self.scorer = BatchScorer(model, project_loss(config, "none"), config.image_height, config.image_width)
         self.categories = category_indices(tag_categories(list(tags), config.project_dir))
         self.latest: ValidationReport | None = None
         self._logged_bad = False
@@ -63,7 +65,8 @@ class Validator:
                 self.bad_image_log, None,
                 f"none of the {self.records} validation images could be read (they are listed in this file)"))
         self.latest = ValidationReport(progress=progress, trigger=trigger, result=metrics.result(),
-                                       records=self.records, skipped=skipped, seconds=time.monotonic() - started)
+                                       records=self.records, skipped=skipped, seconds=time.monotonic() - started,
+                                       ema_decay=self.config.ema_decay)
         return self.latest
 
 
@@ -89,6 +92,8 @@ def report_fields(report: ValidationReport) -> dict:
         "validation_records": report.records,
         "skipped_images": report.skipped,
         "seconds": round(report.seconds, 3),
+        # Which weights the export holds and these figures measure: the trained ones unless ema_decay is set.
+        **({"weights": "ema", "ema_decay": report.ema_decay} if report.ema_decay is not None else {}),
     }
 
 

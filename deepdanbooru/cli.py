@@ -170,7 +170,10 @@ def make_training_database(source_path, output_path, start_id, end_id, use_delet
               help="Least posts a tag needs.")
 @click.option("--overwrite", is_flag=True, help="Replace existing tag files in PATH.")
 @click.option("--base-url", default="https://danbooru.donmai.us", show_default=True, help="Danbooru server.")
-def download_tags(path, username, api_key, limit, minimum_post_count, overwrite, base_url):
+@click.option("--include-paid-tags", is_flag=True,
+              help="Keep loli, shota and toddlercon, whose posts only paid accounts can see (left out by default, "
+                   "as in DeepDanbooru).")
+def download_tags(path, username, api_key, limit, minimum_post_count, overwrite, base_url, include_paid_tags):
     """Download Danbooru general and character tags into PATH.
 
     Writes tags-general.txt and tags-character.txt (each in natural name
@@ -181,7 +184,8 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
     from deepdanbooru.dataset.download import download_tags as download
 
     download(path, username, api_key, limit=limit, minimum_post_count=minimum_post_count, overwrite=overwrite,
-             base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True))
+             base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True),
+             include_paid_tags=include_paid_tags)
 
 
 @main.command("import-images")

@@ -118,6 +118,14 @@ def test_bad_project_inputs(tmp_path):
     assert not (project / "tags.txt").exists()
 
 
+def test_keys_make_tags_does_not_use_only_warn(tmp_path):
+    project = make_project(tmp_path, ROWS, extra={"model": "resnet_bogus", "minibatch_size": 0})
+    result = invoke(project)
+    assert result.exit_code == 0, result.output
+    assert load_tags(project / "tags.txt")[0] == "cat"
+    assert "warning: " in result.output and "model: must be one of" in result.output
+
+
 def test_rank_tags_directly():
     counts = count_tags(["b a", "a c rating:questionable rating:sensitive", "a b", "rating:safe x"])
     assert counts == Counter({"a": 3, "b": 2, "c": 1, "x": 1, "rating:questionable": 1, "rating:sensitive": 1,

@@ -134,12 +134,14 @@ def test_invalid_json_fails_config(project):
     assert "invalid JSON at line 1" in only_failure(training_preflight(project), "config")
 
 
-def test_unknown_key_is_a_warning_with_a_suggestion(project):
-    edit_config(project, modle="resnet_small")
+def test_unknown_key_is_a_warning_and_a_misspelt_one_fails(project):
+    edit_config(project, notes="resnet_small")
     results = training_preflight(project)
     assert statuses(results)["config"] == "WARN"
-    assert "unknown key 'modle' is ignored (did you mean 'model'?)" in detail(results, "config")
+    assert "unknown key 'notes' is ignored" in detail(results, "config")
     assert "FAIL" not in statuses(results).values()
+    edit_config(project, modle="resnet_small")
+    assert "modle: unknown key; did you mean 'model'?" in only_failure(training_preflight(project), "config")
 
 
 @pytest.mark.parametrize("text, message", [

@@ -288,6 +288,10 @@ def rank_tags(counts: Counter, min_count: int = 1, limit: int = 0, system_tags: 
     return regular + system
 
 
+# All make-tags reads of project.json: a bad model name or batch size must not stop it.
+MAKE_TAGS_KEYS = ("database_path", "minimum_tag_count", "image_extensions")
+
+
 def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool = False, output=None,
               system_tags: bool = True, echo=print) -> list[str]:
     """Write tags.txt from the tag frequencies of the project's eligible posts."""
@@ -295,7 +299,7 @@ def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool =
         raise UserError(f"--min-count must be >= 1, got {min_count}")
     if limit < 0:
         raise UserError(f"--limit must be >= 0, got {limit}")
-    config = load_config(project_dir)
+    config = load_config(project_dir, uses=MAKE_TAGS_KEYS)
     database = config.require_database()
     target = Path(output) if output else ProjectPaths(project_dir).tags
     if target.is_dir():

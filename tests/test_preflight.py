@@ -308,8 +308,15 @@ def test_checkpoint_says_the_next_run_resumes_with_the_counters(project):
     results = training_preflight(project)
     assert statuses(results)["checkpoint"] == "PASS"
     assert detail(results, "checkpoint") == (
-        f"the next train-project will RESUME from {directory / 'ckpt-3'} "
-        "(used_epoch 1, used_minibatch 12, used_sample 48, offset 8, random_seed 1)")
+        f"the next train-project will RESUME from {directory / 'ckpt-3'}: used_epoch=1 used_minibatch=12 "
+        "used_sample=48 offset=8 random_seed=1 (1 of 10 epoch(s) done, 8 of 24 records into epoch 2)")
+
+
+def test_a_fully_trained_epoch_counts_as_done(project):
+    """The last checkpoint of an epoch holds offset = train records: preflight reads it as the epoch end."""
+    write_checkpoint(project, state=trainer_state(project, used_epoch=2, offset=24, random_seed=2))
+    assert detail(training_preflight(project), "checkpoint").endswith(
+        ": used_epoch=3 used_minibatch=12 used_sample=48 offset=0 random_seed=3 (3 of 10 epoch(s) done)")
 
 
 def test_checkpoint_without_state_file_still_says_resume(project):
@@ -318,9 +325,10 @@ def test_checkpoint_without_state_file_still_says_resume(project):
         f"the next train-project will RESUME from {directory / 'ckpt-3'} (no state.json to show its counters)")
 
 
-def test_finished_training_is_explained(project):
+@pytest.mark.parametrize("used_epoch, offset", [(2, 0), (1, 24)])
+def test_finished_training_is_explained(project, used_epoch, offset):
     edit_config(project, epoch_count=2)
-    write_checkpoint(project, state=trainer_state(project, used_epoch=2, offset=0, complete=True))
+    write_checkpoint(project, state=trainer_state(project, used_epoch=used_epoch, offset=offset, complete=True))
     assert "all 2 epoch(s) are trained, so it only exports the final model again (raise epoch_count to train on)" \
         in detail(training_preflight(project), "checkpoint")
 

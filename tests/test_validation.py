@@ -158,7 +158,7 @@ def test_checkpoint_without_monitor_state_resumes_with_the_default_monitors(tmp_
     set_config(project, epoch_count=2)
     lines = []
     train_project(project, echo=lines.append)
-    assert any("used_epoch=0 used_minibatch=5" in line for line in lines)
+    assert any("used_epoch=1 used_minibatch=5" in line for line in lines)
     assert not any(line.startswith("Best so far") for line in lines)  # nothing was restored for it
     best = json.loads((project / f"{MODEL}.best.json").read_text())
     assert best["used_minibatch"] >= 5 and best["previous"] in (None, *[r["macro_f1"] for r in validations(project)])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from deepdanbooru.dataset.records import (
 )
 from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
 from deepdanbooru.project.config import load_config
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.project.create import temporary_beside, write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
 
 RATING_TAGS = {
@@ -168,7 +167,7 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
                   "WHERE id >= ? AND id <= ? AND typeof(id) = 'integer' ORDER BY id LIMIT ?")
 
         output.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+        handle, temporary = temporary_beside(output)
         os.close(handle)
         try:
             summary = _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted,

@@ -23,6 +23,7 @@ from deepdanbooru.models import table
 from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
+from deepdanbooru.project.resume import describe_resume_point, resume_point
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags, tags_hash
 
@@ -30,7 +31,6 @@ DEFAULT_MAX_IMAGE_CHECKS = 20
 SHOWN_PROBLEMS = 3  # a FAIL line names this many bad rows, then counts the rest
 STATE_FILE = "state.json"  # written by training/state.py, read here without TensorFlow
 STATE_VERSION = 1
-COUNTERS = ("used_epoch", "used_minibatch", "used_sample", "offset", "random_seed")
 
 
 class _Skip(Exception):
@@ -322,10 +322,12 @@ def _read_state(path: Path):
 
 
 def _progress(run: Run, state: dict) -> str:
-    shown = [f"{k} {state[k]}" for k in COUNTERS if k in state]
-    text = f" ({', '.join(shown)})" if shown else ""
     epochs = run.config.epoch_count if run.config is not None else state.get("epoch_count")
-    if isinstance(state.get("used_epoch"), int) and isinstance(epochs, int) and state["used_epoch"] >= epochs:
+    records = state.get("train_records") if isinstance(state.get("train_records"), int) else None
+    described = describe_resume_point(state, records, epochs if isinstance(epochs, int) else None)
+    text = f": {described}" if described else ""
+    done = resume_point(state, records).get("used_epoch")
+    if isinstance(done, int) and isinstance(epochs, int) and done >= epochs:
         text += (f"; all {epochs} epoch(s) are trained, so it only exports the final model again "
                  "(raise epoch_count to train on)")
     return text

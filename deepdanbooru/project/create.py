@@ -12,10 +12,45 @@ from deepdanbooru.project.config import default_project_json
 from deepdanbooru.project.paths import ProjectPaths
 
 
+def _umask() -> int:
+    try:  # Linux: read it without changing it (another thread may be creating files right now)
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def ordinary_mode() -> int:
+    """The mode open() gives a new file: 0o666 less the umask (0644 under umask 022)."""
+    return 0o666 & ~_umask()
+
+
+def temporary_beside(path) -> tuple[int, str]:
+    """mkstemp in path's folder, with the mode an ordinary open() would give instead of mkstemp's 0600.
+
+    The file is renamed into place and keeps this mode, so others can read what the tool writes.
+    Returns (open descriptor, temporary path).
+    """
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(handle, ordinary_mode())
+    except BaseException:
+        os.close(handle)
+        os.unlink(temporary)
+        raise
+    return handle, temporary
+
+
 def write_bytes_atomic(path, content: bytes) -> None:
     """Write beside the target and rename, so a reader never sees half a file."""
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    handle, temporary = temporary_beside(path)
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(content)

@@ -11,7 +11,6 @@ import io
 import os
 import re
 import sqlite3
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS,
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.project.config import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS, KEY_BY_NAME
+from deepdanbooru.project.create import temporary_beside
 
 DATABASE_NAME = "dataset.sqlite"
 DEFAULT_EXTENSIONS = IMAGE_EXTENSIONS
@@ -157,7 +157,7 @@ class _Placer:
 
     @staticmethod
     def _copy(data: bytes, target: Path) -> None:
-        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        handle, temporary = temporary_beside(target)
         try:
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
@@ -230,7 +230,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
                                           f"unreadable, {len(summary.duplicates)} duplicates)"))
         if connection is None:
-            handle, temporary = tempfile.mkstemp(prefix=f".{DATABASE_NAME}.", suffix=".tmp", dir=dataset)
+            handle, temporary = temporary_beside(database)
             os.close(handle)
             connection = sqlite3.connect(temporary)
             connection.execute(POSTS_SCHEMA)

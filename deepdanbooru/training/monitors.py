@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from deepdanbooru.project.resume import describe_resume_point
 
 
 @dataclass
@@ -173,9 +175,8 @@ class ConsoleMonitor(Monitor):
                   f"{run.epoch_count} epoch(s)")
         start = run.start
         if run.resumed_from:
-            self.echo(f"Resuming from {run.resumed_from}: used_epoch={start.used_epoch} "
-                      f"used_minibatch={start.used_minibatch} used_sample={start.used_sample} "
-                      f"offset={start.offset} random_seed={start.random_seed}")
+            self.echo(f"Resuming from {run.resumed_from}: "
+                      f"{describe_resume_point(asdict(start), run.train_records, run.epoch_count)}")
         else:
             self.echo("Starting fresh (no checkpoint)")
 

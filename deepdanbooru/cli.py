@@ -32,8 +32,9 @@ class _Group(click.Group):
                 raise
             click.echo(f"error: {error}", err=True)
             ctx.exit(error.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
+        except KeyboardInterrupt as interrupt:
+            # errors.Interrupted carries where the command stopped; a bare Ctrl-C has nothing to add.
+            click.echo(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", err=True)
             ctx.exit(130)
 
 

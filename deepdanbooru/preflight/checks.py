@@ -18,13 +18,14 @@ from collections import Counter
 from pathlib import Path
 
 from deepdanbooru.dataset import records
+from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, is_validation, split_stats, trust_warning
 from deepdanbooru.errors import UserError
 from deepdanbooru.models import table
 from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
-from deepdanbooru.project.resume import describe_resume_point, resume_point
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.resume import describe_resume_point, resume_point
 from deepdanbooru.project.tags import load_tags, tags_hash
 
 DEFAULT_MAX_IMAGE_CHECKS = 20
@@ -260,6 +261,26 @@ def check_labels(run: Run):
     return PASS, detail
 
 
+def check_split(run: Run):
+    """What train-project warns about at its start: a split that cannot measure the model."""
+    config = run.need("config")
+    tags = run.need("tags")
+    connection = run.need("connection")
+    if not run.eligible:
+        raise _Skip("no eligible posts")
+    sql, _ = records.eligible_query(config.image_extensions)
+    sql = sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT id, tag_string").replace(" ORDER BY id", "")
+    rows = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count))
+    stats = split_stats(((is_validation(row_id, config.validation_fraction, config.seed), tag_string or "")
+                         for row_id, tag_string in rows if isinstance(row_id, int)), tags)
+    warning = trust_warning(stats, config.validation_fraction, config.config_path)
+    detail = (f"{stats.train_posts:,} training and {stats.validation_posts:,} validation posts "
+              f"(validation_fraction {config.validation_fraction:g})")
+    if warning:
+        return WARN, f"{detail}; {warning}"
+    return PASS, f"{detail}; every tag has {MIN_TRAIN_POSITIVES} or more training positives"
+
+
 def _first(problems: list[str]) -> str:
     shown = "; ".join(problems[:SHOWN_PROBLEMS])
     more = len(problems) - SHOWN_PROBLEMS
@@ -386,6 +407,7 @@ PROJECT_CHECKS = (
     ("md5", check_md5),
     ("images", check_images),
     ("labels", check_labels),
+    ("split", check_split),
     ("checkpoint", check_checkpoint),
     ("lock", check_lock),
 )

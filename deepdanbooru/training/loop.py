@@ -26,12 +26,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from deepdanbooru.errors import ModelError, TrainingError, file_field
+from deepdanbooru.errors import Interrupted, ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
+from deepdanbooru.project.resume import describe_resume_point
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, validation_trigger
+from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport, validation_trigger
 from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.training.state import (
     Counters,
@@ -157,6 +158,9 @@ class SliceTrainer:
         self.manager = checkpoint_manager(self.checkpoint, self.paths.checkpoints, self.role, self.latest,
                                           self.model.variables + self.optimizer.variables, KEEP_CHECKPOINTS)
         self.counters = self._restore()
+        # What the latest checkpoint holds, for the interrupt message: (path, counters) or None.
+        self._saved = (self.latest, replace(self.counters)) if self.latest else None
+        self._position = self.counters.offset  # records of the current epoch handed to the model
         self.sums = WorkerSums(self.strategy) if self.role.in_cluster else None
         if self.sums is not None:
             check_same_setup(self.sums, self.role, setup_fingerprints(
@@ -170,7 +174,7 @@ class SliceTrainer:
         self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
             if len(plan.validation) and self.role.is_chief else None
         self._last_log = time.monotonic()
-        self._run_start = (time.monotonic(), self._done_records())
+        self._eta = Eta(self.config.epoch_count * self.n)
 
     # --- resume ---
 
@@ -206,6 +210,8 @@ class SliceTrainer:
     def run(self) -> Counters:
         try:
             return self._run()
+        except KeyboardInterrupt:
+            raise Interrupted(self._interrupt_message()) from None
         finally:
             for monitor in self.monitors:
                 monitor.close()
@@ -249,7 +255,7 @@ class SliceTrainer:
             steps += 1
             c.used_minibatch += 1
             slice_data.observe(self.strategy.experimental_local_results(batch["position"]))
-            position = min(start + steps * self.config.minibatch_size, stop)
+            position = self._position = min(start + steps * self.config.minibatch_size, stop)
             for monitor in self.monitors:
                 monitor.on_step(self._progress(), position)
             if c.used_minibatch % self.config.console_logging_frequency_mb == 0:
@@ -290,6 +296,7 @@ class SliceTrainer:
         c.used_epoch += 1
         c.random_seed += 1
         c.offset = 0
+        self._position = 0
         c.epoch_bad_images = 0
         logs: dict = {}
         for monitor in self.monitors:
@@ -316,6 +323,7 @@ class SliceTrainer:
         self._check_finite()
         self.state.assign(self.counters, self.identity, self.records_hash)
         path = self.manager.save()
+        self._saved = (path, replace(self.counters))
         # Only after TensorFlow has renamed the finished checkpoint into place.
         self._write_mirror(path, complete=False)
         return path
@@ -368,9 +376,7 @@ class SliceTrainer:
         precision = tp / (tp + fp) if tp + fp else 0.0
         recall = tp / (tp + fn) if tp + fn else 0.0
         f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-        run_time, run_done = now - self._run_start[0], self._done_records(position) - self._run_start[1]
-        remaining = self.config.epoch_count * self.n - self._done_records(position)
-        eta = remaining * run_time / run_done if run_done > 0 else None
+        eta = self._eta.update(now, self._done_records(position))
         progress = replace(self._progress(), used_sample=self._base_samples
                            + int(self.step.counters.total_samples.numpy()))
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
@@ -379,6 +385,17 @@ class SliceTrainer:
                       learning_rate=self.config.learning_rate_for_epoch(progress.used_epoch))
         for monitor in self.monitors:
             monitor.on_step_log(log)
+
+    def _interrupt_message(self) -> str:
+        """Where the run stands, what its last checkpoint holds and that the same command resumes."""
+        c, epochs = self.counters, self.config.epoch_count
+        stands = (f"stopped in epoch {min(c.used_epoch + 1, epochs)} of {epochs} at record {self._position} of "
+                  f"{self.n} (step {c.used_minibatch})")
+        if self._saved is None:
+            return f"{stands}; no checkpoint was written yet, so running the same command starts fresh"
+        path, saved = self._saved
+        return (f"{stands}; the last checkpoint {path} holds {describe_resume_point(vars(saved), self.n, epochs)}; "
+                "running the same command resumes from it")
 
     def _run_info(self) -> RunInfo:
         slices = -(-self.n // self.slice_records)

@@ -154,6 +154,28 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
 
 
+class Eta:
+    """Time left, from this run's own speed measured from its first progress line on.
+
+    The steps before that line carry tracing and compilation, and a resumed run's records trained before
+    the kill are not this run's: neither may enter the speed, or the first ETA is far off.
+    """
+
+    def __init__(self, total_records: int):
+        self.total = total_records
+        self._base: tuple[float, int] | None = None
+
+    def update(self, now: float, done: int) -> float | None:
+        """`done`: records handed to the model over the whole training (all epochs), as of `now`."""
+        if self._base is None:
+            self._base = (now, done)
+            return None
+        start, start_done = self._base
+        if done <= start_done:
+            return None
+        return max(self.total - done, 0) * (now - start) / (done - start_done)
+
+
 class ConsoleMonitor(Monitor):
     """The plain text a user (or a log file) sees."""
 

@@ -1,0 +1,91 @@
+"""Whether a project's split can measure anything: the warning train-project and preflight share.
+
+Standard library only (preflight imports it). With a handful of validation
+posts, or none carrying most tags, F1 and MCC are noise and the best model
+and the calibrated thresholds are picked by chance; a tag with a few
+training positives cannot be learnt. The run still works, so this is a
+warning naming the numbers and what to change, never an error.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable
+
+MIN_VALIDATION_POSTS = 50
+MIN_TRAIN_POSITIVES = 5
+
+_MASK = 0xFFFFFFFFFFFFFFFF
+
+
+def _splitmix64(value: int) -> int:
+    value = (value + 0x9E3779B97F4A7C15) & _MASK
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
+    return value ^ (value >> 31)
+
+
+def is_validation(post_id: int, validation_fraction: float, seed: int) -> bool:
+    """training/split.py's rule for one post id, without numpy (tests keep the two equal)."""
+    if validation_fraction <= 0:
+        return False
+    hashed = _splitmix64(_splitmix64(seed & _MASK) ^ (post_id & _MASK))
+    return (hashed >> 11) / float(1 << 53) < validation_fraction
+
+
+@dataclass(frozen=True)
+class SplitStats:
+    train_posts: int
+    validation_posts: int
+    tags: int
+    tags_without_validation_positive: int
+    rare_training_tags: int  # tags with fewer than MIN_TRAIN_POSITIVES positives among the training posts
+
+
+def split_stats(rows: Iterable[tuple[bool, str]], tags) -> SplitStats:
+    """rows: (in validation, tag_string) per eligible post, streamed (preflight reads them from SQLite)."""
+    vocabulary = set(tags)
+    counts = {False: Counter(), True: Counter()}
+    posts = {False: 0, True: 0}
+    for validation, tag_string in rows:
+        posts[validation] += 1
+        counts[validation].update(vocabulary.intersection(tag_string.split()))
+    train_counts, validation_counts = counts[False], counts[True]
+    return SplitStats(
+        train_posts=posts[False],
+        validation_posts=posts[True],
+        tags=len(vocabulary),
+        tags_without_validation_positive=sum(1 for tag in vocabulary if not validation_counts[tag]),
+        rare_training_tags=sum(1 for tag in vocabulary if train_counts[tag] < MIN_TRAIN_POSITIVES),
+    )
+
+
+def _plural(count: int, singular: str, plural: str) -> str:
+    return f"{count} {singular if count == 1 else plural}"
+
+
+def trust_warning(stats: SplitStats, validation_fraction: float, config_path) -> str | None:
+    """One line when the results of training on this split cannot be trusted; None when they can."""
+    problems = []
+    if validation_fraction > 0:
+        small = stats.validation_posts < MIN_VALIDATION_POSTS
+        empty = stats.tags and stats.tags_without_validation_positive * 2 > stats.tags
+        if small or empty:
+            problem = (f"the validation split is too small to measure the model: "
+                       f"{_plural(stats.validation_posts, 'post', 'posts')}")
+            if small:
+                problem += f" (at least {MIN_VALIDATION_POSTS} needed)"
+            if empty:
+                problem += (f", {stats.tags_without_validation_positive} of {stats.tags} tags without a positive "
+                            "example in it")
+            problems.append(f"{problem}, so its metrics, the best model and the calibrated thresholds are noise; "
+                            f"raise validation_fraction in {config_path} (now {validation_fraction:g}) or add posts")
+    if stats.rare_training_tags:
+        problems.append(f"{_plural(stats.rare_training_tags, 'tag', 'tags')} of {stats.tags} "
+                        f"{'has' if stats.rare_training_tags == 1 else 'have'} fewer than {MIN_TRAIN_POSITIVES} "
+                        f"positive examples among the {stats.train_posts} training posts and cannot be learnt; "
+                        "add posts or drop rare tags from tags.txt (make-tags --minimum-post-count)")
+    if not problems:
+        return None
+    return "results cannot be trusted: " + "; and ".join(problems)

@@ -18,6 +18,7 @@ import numpy as np
 
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.project.create import write_bytes_atomic
+from deepdanbooru.tfimport import filtered_stderr
 
 FORMATS = ("tflite", "onnx")
 # Float conversions reorder a few float32 operations: differences of ~1e-6 were measured.
@@ -136,14 +137,17 @@ def to_tflite(model, optimize_default=False, optimize_sparsity=False) -> bytes:
 
 
 def run_tflite(content: bytes, images: np.ndarray) -> np.ndarray:
-    interpreter = _tflite_interpreter(content)
-    source = interpreter.get_input_details()[0]
-    target = interpreter.get_output_details()[0]
-    interpreter.resize_tensor_input(source["index"], list(images.shape))
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(source["index"], images.astype(source["dtype"]))
-    interpreter.invoke()
-    return np.array(interpreter.get_tensor(target["index"]), dtype=np.float32)
+    # The runtime announces its XNNPACK delegate on stderr ("INFO: Created ..."): an INFO line, shown
+    # only at TF_CPP_MIN_LOG_LEVEL 0 (--debug).
+    with filtered_stderr():
+        interpreter = _tflite_interpreter(content)
+        source = interpreter.get_input_details()[0]
+        target = interpreter.get_output_details()[0]
+        interpreter.resize_tensor_input(source["index"], list(images.shape))
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(source["index"], images.astype(source["dtype"]))
+        interpreter.invoke()
+        return np.array(interpreter.get_tensor(target["index"]), dtype=np.float32)
 
 
 def _tflite_interpreter(content: bytes):

@@ -8,6 +8,7 @@ here, and only here.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
@@ -22,7 +23,28 @@ from deepdanbooru.tfimport import install_quiet_import
 
 
 class _Group(click.Group):
-    """Maps UserError to a one-line message; a traceback only with --debug."""
+    """Maps UserError to a one-line message; a traceback only with --debug.
+
+    Also: the command list shows each summary whole (click cuts them to fit one line), and an unknown
+    command suggests the commands it begins or is part of (`train` -> train-project).
+    """
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, command.get_short_help_str(limit=200)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if not ctx.resilient_parsing and not name.startswith("-") and self.get_command(ctx, name) is None:
+            names = self.list_commands(ctx)
+            close = ([candidate for candidate in names if candidate.startswith(name) or name in candidate.split("-")]
+                     or difflib.get_close_matches(name, names, n=3))
+            hint = f" Did you mean {' or '.join(repr(candidate) for candidate in close)}?" if close else ""
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):
         try:
@@ -195,7 +217,9 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
 @click.option("--link", is_flag=True, help="Hard-link images instead of copying them (same file system only).")
 @click.option("--extensions", default="png,jpg,jpeg,gif,webp,bmp", show_default=True,
               help="Comma-separated image file extensions to pick up.")
-def import_images(src, dataset, link, extensions):
+@click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
+              help="The project the dataset is for: the closing advice gives database_path relative to it.")
+def import_images(src, dataset, link, extensions, project_path):
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
     A sidecar IMAGE.txt (or IMAGE.ext.txt) holds comma- or space-separated
@@ -210,7 +234,7 @@ def import_images(src, dataset, link, extensions):
     from deepdanbooru.tools.import_images import import_images as run_import
 
     run_import(src, dataset, link=link, extensions=extensions, echo=click.echo,
-               warn=lambda line: click.echo(line, err=True))
+               warn=lambda line: click.echo(line, err=True), project=project_path)
 
 
 @main.command("make-tags")

@@ -18,11 +18,24 @@ def test_version_and_help():
     assert result.exit_code == 0 and "create-project" in result.output
 
 
+def test_help_shows_whole_summaries_and_unknown_commands_get_a_suggestion():
+    output = run_cli("--help").output
+    assert "..." not in output.split("Commands:")[1]
+    assert "Explain each predicted tag of TARGET (an image or a\n" in output  # wrapped, not cut
+    result = CliRunner().invoke(main, ["train"])
+    assert result.exit_code == 2
+    assert "No such command 'train'. Did you mean 'train-project'?" in result.output
+    assert "Did you mean 'evaluate' or 'evaluate-project'?" in CliRunner().invoke(main, ["evalute"]).output
+
+
 def test_create_project_writes_defaults_and_refuses_overwrite(tmp_path):
     project = tmp_path / "p"
     result = run_cli("create-project", str(project))
     assert result.exit_code == 0
-    assert "Next steps" in result.output and "train-project" in result.output
+    steps = result.output.split("Next steps:\n")[1].splitlines()
+    assert [step.split()[:3] for step in steps] == [
+        ["1.", "set", "database_path"], ["2.", "deepdanbooru", "make-tags"], ["3.", "deepdanbooru", "preflight"],
+        ["4.", "deepdanbooru", "train-project"]]
     data = json.loads((project / "project.json").read_text())
     assert data["model"] == "resnet_custom_v2" and data["validation_fraction"] == 0.05
     (project / "project.json").write_text('{"model": "resnet_small"}')

@@ -25,6 +25,7 @@ from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.create import temporary_beside, write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.wording import plural
 
 RATING_TAGS = {
     "g": "rating:general",
@@ -184,7 +185,7 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
                f"{summary.skipped_bad_md5} with an empty or unsafe md5 (first: id {summary.first_bad_md5_id})"
                if summary.skipped_bad_md5 else ""]
     skipped = [text for text in skipped if text]
-    echo(f"Wrote {summary.copied} posts to {output}" + (f" (skipped {', '.join(skipped)})" if skipped else ""))
+    echo(f"Wrote {plural(summary.copied, 'post')} to {output}" + (f" (skipped {', '.join(skipped)})" if skipped else ""))
     if summary.ratings or summary.unknown_rating:
         counts = ", ".join(f"{tag} {summary.ratings[tag]}" for tag in SYSTEM_TAGS if summary.ratings[tag])
         unknown = f"; {summary.unknown_rating} without a g/s/q/e rating" if summary.unknown_rating else ""
@@ -324,7 +325,7 @@ def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool =
 
     total_posts = _count_posts(database)
     n_system = sum(1 for tag in tags if is_system_tag(tag))
-    echo(f"Wrote {len(tags)} tags ({n_system} rating system tags) to {target}")
+    echo(f"Wrote {plural(len(tags), 'tag')} ({n_system} rating system tags) to {target}")
     echo(f"from {len(records)} eligible of {total_posts} posts in {database} "
          f"(minimum_tag_count {config.minimum_tag_count}); {len(counts)} distinct tags seen")
     top = [tag for tag in tags if not is_system_tag(tag)][:5]

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+from deepdanbooru.wording import plural
+
 MIN_VALIDATION_POSTS = 50
 MIN_TRAIN_POSITIVES = 5
 
@@ -61,10 +63,6 @@ def split_stats(rows: Iterable[tuple[bool, str]], tags) -> SplitStats:
     )
 
 
-def _plural(count: int, singular: str, plural: str) -> str:
-    return f"{count} {singular if count == 1 else plural}"
-
-
 def trust_warning(stats: SplitStats, validation_fraction: float, config_path) -> str | None:
     """One line when the results of training on this split cannot be trusted; None when they can."""
     problems = []
@@ -73,7 +71,7 @@ def trust_warning(stats: SplitStats, validation_fraction: float, config_path) ->
         empty = stats.tags and stats.tags_without_validation_positive * 2 > stats.tags
         if small or empty:
             problem = (f"the validation split is too small to measure the model: "
-                       f"{_plural(stats.validation_posts, 'post', 'posts')}")
+                       f"{plural(stats.validation_posts, 'post')}")
             if small:
                 problem += f" (at least {MIN_VALIDATION_POSTS} needed)"
             if empty:
@@ -82,7 +80,7 @@ def trust_warning(stats: SplitStats, validation_fraction: float, config_path) ->
             problems.append(f"{problem}, so its metrics, the best model and the calibrated thresholds are noise; "
                             f"raise validation_fraction in {config_path} (now {validation_fraction:g}) or add posts")
     if stats.rare_training_tags:
-        problems.append(f"{_plural(stats.rare_training_tags, 'tag', 'tags')} of {stats.tags} "
+        problems.append(f"{plural(stats.rare_training_tags, 'tag')} of {stats.tags} "
                         f"{'has' if stats.rare_training_tags == 1 else 'have'} fewer than {MIN_TRAIN_POSITIVES} "
                         f"positive examples among the {stats.train_posts} training posts and cannot be learnt; "
                         "add posts or drop rare tags from tags.txt (make-tags --minimum-post-count)")

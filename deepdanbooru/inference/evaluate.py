@@ -13,6 +13,7 @@ from deepdanbooru.inference.output import FORMATS, caption, make_writer, select_
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
 from deepdanbooru.project.create import write_text_atomic
 from deepdanbooru.project.tags import load_tags
+from deepdanbooru.wording import plural
 
 
 @dataclass
@@ -78,8 +79,9 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
     if verbose:
         seconds = time.perf_counter() - started
         rate = summary.tagged / seconds if seconds > 0 else 0.0
-        echo_err(f"Tagged {summary.tagged} images in {seconds:.1f} s ({rate:.1f} images/s); "
+        echo_err(f"Tagged {plural(summary.tagged, 'image')} in {seconds:.1f} s ({rate:.1f} images/s); "
                  f"skipped {len(summary.skipped)}")
     elif summary.skipped:
-        echo_err(f"{len(summary.skipped)} of {len(paths)} images could not be read and were skipped")
+        echo_err(f"{len(summary.skipped)} of {plural(len(paths), 'image')} could not be read and "
+                 f"{'was' if len(summary.skipped) == 1 else 'were'} skipped")
     return summary

@@ -77,8 +77,9 @@ def create_project(project_path, force: bool = False, echo=print) -> Path:
     write_text_atomic(paths.config, json.dumps(default_project_json(), indent=4) + "\n")
     echo(f"Created {paths.config}")
     echo("Next steps:")
-    echo(f"  1. put your output vocabulary in {paths.tags} (one tag a line)")
-    echo(f"  2. set database_path in {paths.config} to your dataset's SQLite file")
+    echo(f"  1. set database_path in {paths.config} to your dataset's SQLite file "
+         "(a relative path is resolved from the project folder)")
+    echo(f"  2. deepdanbooru make-tags {paths.root}   (or write {paths.tags} yourself, one tag a line)")
     echo(f"  3. deepdanbooru preflight {paths.root}")
     echo(f"  4. deepdanbooru train-project {paths.root}")
     return paths.config

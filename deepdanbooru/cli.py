@@ -295,8 +295,9 @@ def _model_source_options(command):
     return command
 
 
-_THRESHOLD = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0),
-                          help="Report tags whose score is at least this.")
+_THRESHOLD = click.option("--threshold", type=click.FloatRange(0.0, 1.0),
+                          help="Report tags whose score is at least this, for every tag  [default: the per-tag "
+                               "thresholds CSV training wrote beside the model, if there is one, else 0.5].")
 _THRESHOLDS_CSV = click.option("--thresholds-csv", type=click.Path(dir_okay=False, exists=True, path_type=str),
                                help="Per-tag thresholds (a *.thresholds.csv written by training); "
                                     "tags it does not list use --threshold.")
@@ -394,7 +395,7 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
         from deepdanbooru.inference.project_metrics import project_metrics
 
         summary = project_metrics(project_path, model_path=model, split=split, start_id=start_id, end_id=end_id,
-                                  threshold=threshold if given("threshold") else None, batch_size=batch_size,
+                                  threshold=threshold, batch_size=batch_size,
                                   allow_gpu=allow_gpu, as_json=as_json or output_format == "json", echo=click.echo)
         _exit_if_skipped(summary)
         return
@@ -416,7 +417,8 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
 @click.argument("target", type=click.Path(path_type=str))
 @click.argument("output", default=".", required=False, type=click.Path(file_okay=False, path_type=str))
-@_THRESHOLD
+@click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Explain the tags whose score is at least this.")
 @_ALLOW_GPU
 def grad_cam(project_path, target, output, threshold, allow_gpu):
     """Explain each predicted tag of TARGET (an image or a folder) with PNG maps under OUTPUT/<image name>/.

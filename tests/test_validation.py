@@ -199,12 +199,15 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     assert final["metrics"] == json.loads((project / f"{MODEL}.metrics.json").read_text())["metrics"]
     best = metrics_of("--model", str(project / f"{MODEL}.best.keras"))
     assert best["metrics"] == json.loads((project / f"{MODEL}.best.json").read_text())["metrics"]
+    assert (final["model_kind"], best["model_kind"]) == ("the project's final export",
+                                                         "the project's best model (--model-path)")
     assert metrics_of("--threshold", "0.3")["metrics"]["threshold"] == 0.3
     ranged = metrics_of("--split", "all", "--start-id", "5", "--end-id", "12")
     assert (ranged["records"], ranged["first_id"], ranged["last_id"], ranged["split"]) == (8, 5, 12, "all")
 
     text = runner.invoke(main, ["evaluate-project", str(project), "--metrics"])
     assert text.exit_code == 0, text.output
+    assert text.output.splitlines()[0] == f"Model: {project / MODEL}.keras (the project's final export)"
     rows = dict(line.split(None, 1) for line in text.output.splitlines()[2:])
     assert rows["micro_f1"] == f"{final['metrics']['micro_f1']:.4f}" and rows["samples"] == "4"
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.errors import file_field
+from deepdanbooru.inference.model_files import choose_thresholds, resolve_model_files
 from deepdanbooru.inference.output import FORMATS, caption, make_writer, select_tags, threshold_vector
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
 from deepdanbooru.project.create import write_text_atomic
@@ -27,7 +28,7 @@ def _echo_err(message: str) -> None:
     click.echo(message, err=True)
 
 
-def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, threshold=0.5, thresholds_csv=None,
+def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, threshold=None, thresholds_csv=None,
              allow_folder=False, folder_filters=DEFAULT_FOLDER_FILTERS, save_txt=False, allow_gpu=False,
              compile_model=True, verbose=False, output_format="text", batch_size=32,
              echo=print, echo_err=_echo_err) -> EvaluationSummary:
@@ -35,12 +36,18 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
 
     Everything that can be checked without TensorFlow (targets, model and
     tags files, thresholds) is checked first, so a typo fails in a second.
-    Unreadable images are reported through `echo_err` and listed in the summary.
+    Missing and unreadable images are reported through `echo_err` and listed in
+    the summary; the others are still tagged. The first line on `echo_err` names
+    the model and the thresholds.
+    threshold: None uses the per-tag CSV beside the model when there is one (else 0.5).
     """
     if output_format not in FORMATS:
         raise TargetError(f"--format: must be one of {', '.join(FORMATS)}, got {output_format!r}")
-    paths = collect_targets(targets, allow_folder=allow_folder, folder_filters=folder_filters)
+    missing: list[tuple[Path, str]] = []
+    paths = collect_targets(targets, allow_folder=allow_folder, folder_filters=folder_filters, missing=missing)
     if not paths:
+        if missing:
+            raise TargetError(file_field(missing[0][0], None, missing[0][1]))
         raise TargetError(f"{', '.join(map(str, targets))}: no image files found (filters: {folder_filters})")
     if save_txt:
         for path in paths:
@@ -48,16 +55,21 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
                 raise TargetError(f"{path}: --save-txt would overwrite the image itself with its tags")
     files = resolve_model_files(project_path, model_path, tags_path)
     tags = load_tags(files.tags)
-    thresholds = threshold_vector(tags, threshold, thresholds_csv)
+    choice = choose_thresholds(files.model, threshold, thresholds_csv)
+    thresholds = threshold_vector(tags, choice.default, choice.csv)
+    echo_err(f"Model: {files.model} ({files.kind}); thresholds: {choice.description}")
+    summary = EvaluationSummary(model=files.model)
+    for path, reason in missing:
+        summary.skipped.append((path, reason))
+        echo_err(f"skipped {path}: {reason}")
 
     from deepdanbooru.inference.predict import configure_devices, load_tagger
 
     devices = configure_devices(allow_gpu)
     tagger = load_tagger(files, tags, compile_model=compile_model)
-    summary = EvaluationSummary(model=files.model)
     if verbose:
         echo_err(f"Devices: {', '.join(devices)}")
-        echo_err(f"Model: {files.model} (input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags})")
+        echo_err(f"Input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags}")
         echo_err(f"Images: {len(paths)}")
 
     def skip(index, reason):
@@ -82,6 +94,6 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
         echo_err(f"Tagged {plural(summary.tagged, 'image')} in {seconds:.1f} s ({rate:.1f} images/s); "
                  f"skipped {len(summary.skipped)}")
     elif summary.skipped:
-        echo_err(f"{len(summary.skipped)} of {plural(len(paths), 'image')} could not be read and "
+        echo_err(f"{len(summary.skipped)} of {plural(len(paths) + len(missing), 'image')} could not be read and "
                  f"{'was' if len(summary.skipped) == 1 else 'were'} skipped")
     return summary

@@ -17,6 +17,7 @@ import warnings
 import click
 
 from deepdanbooru import __version__
+from deepdanbooru.cli_vocabulary import PositionalAlias, VocabularyCommand, alias
 from deepdanbooru.errors import UserError
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
 from deepdanbooru.tfimport import install_quiet_import
@@ -25,9 +26,13 @@ from deepdanbooru.tfimport import install_quiet_import
 class _Group(click.Group):
     """Maps UserError to a one-line message; a traceback only with --debug.
 
+    Its commands fold hidden older option spellings into the canonical ones (cli_vocabulary.py).
+
     Also: the command list shows each summary whole (click cuts them to fit one line), and an unknown
     command suggests the commands it begins or is part of (`train` -> train-project).
     """
+
+    command_class = VocabularyCommand
 
     def format_commands(self, ctx, formatter):
         rows = [(name, command.get_short_help_str(limit=200)) for name in self.list_commands(ctx)
@@ -82,12 +87,13 @@ def main(ctx, debug):
 
 @main.command("create-project")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
-@click.option("--force", is_flag=True, help="Overwrite an existing project.json.")
-def create_project(project_path, force):
+@click.option("--overwrite", is_flag=True, help="Replace an existing project.json.")
+@alias("--force", "overwrite", value=True)
+def create_project(project_path, overwrite):
     """Create PROJECT_PATH with a default project.json."""
     from deepdanbooru.project.create import create_project as create
 
-    create(project_path, force=force, echo=click.echo)
+    create(project_path, overwrite=overwrite, echo=click.echo)
 
 
 @main.command("train-project")
@@ -120,14 +126,16 @@ def train_project(project_path, source_model, force_mixed_precision, devices):
 @click.option("--probe-imports", is_flag=True, help="Import each runtime package in a child process.")
 @click.option("--probe-tensorflow", is_flag=True,
               help="Run TensorFlow in a child process: compute on the CPU, decode the sampled images.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: one line per check; json: one JSON object.")
+@alias("--json", "output_format", value="json")
 @click.pass_context
-def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, as_json):
+def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, output_format):
     """Read-only checks of PROJECT_PATH before training. Exit 0: all good, 1: a check failed."""
     from deepdanbooru.preflight.main import report, training_preflight
 
     results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow)
-    ctx.exit(report(project_path, results, as_json, echo=click.echo))
+    ctx.exit(report(project_path, results, output_format == "json", echo=click.echo))
 
 
 @main.command("make-sample-dataset")
@@ -239,16 +247,18 @@ def import_images(src, dataset, link, extensions, project_path):
 
 @main.command("make-tags")
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
-@click.option("--min-count", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--minimum-post-count", default=1, show_default=True, type=click.IntRange(min=1),
               help="Least eligible posts a tag must occur in.")
+@alias("--min-count", "minimum_post_count", type=click.IntRange(min=1))
 @click.option("--limit", default=0, show_default=True, type=click.IntRange(min=0),
               help="Most tags, the most frequent first (0: no limit; rating tags not counted).")
 @click.option("--system-tags/--no-system-tags", default=True, show_default=True,
               help="Keep rating:* tags found in the data, listed last.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=str),
+@click.option("--save-path", type=click.Path(dir_okay=False, path_type=str),
               help="Write here instead of PROJECT_PATH/tags.txt.")
-def make_tags(project_path, min_count, limit, system_tags, overwrite, output):
+@alias("--output", "save_path", type=click.Path(dir_okay=False, path_type=str))
+def make_tags(project_path, minimum_post_count, limit, system_tags, overwrite, save_path):
     """Write tags.txt from the tags of the project's database.
 
     Counts, for each tag, the eligible posts (file_ext and minimum_tag_count of
@@ -259,7 +269,7 @@ def make_tags(project_path, min_count, limit, system_tags, overwrite, output):
     """
     from deepdanbooru.dataset.build import make_tags as make
 
-    make(project_path, min_count=min_count, limit=limit, overwrite=overwrite, output=output,
+    make(project_path, minimum_post_count=minimum_post_count, limit=limit, overwrite=overwrite, save_path=save_path,
          system_tags=system_tags, echo=click.echo)
 
 
@@ -271,9 +281,10 @@ def make_tags(project_path, min_count, limit, system_tags, overwrite, output):
               help="Input height (project.json image_height).")
 @click.option("--tags", "n_tags", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Number of output tags (lines of tags.txt).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: trainable, non_trainable, input_shape, output_shape, model, layers.")
-def show_model(name, width, height, n_tags, as_json):
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object with trainable, non_trainable, input_shape, output_shape, model, layers.")
+@alias("--json", "output_format", value="json")
+def show_model(name, width, height, n_tags, output_format):
     """Build model NAME and print its input and output shapes and parameter counts.
 
     NAME is a project.json `model` value: resnet_152, resnet_custom_v1 to
@@ -282,7 +293,7 @@ def show_model(name, width, height, n_tags, as_json):
     """
     from deepdanbooru.models.show import show_model as show
 
-    show(name, width=width, height=height, n_tags=n_tags, as_json=as_json, echo=click.echo)
+    show(name, width=width, height=height, n_tags=n_tags, as_json=output_format == "json", echo=click.echo)
 
 
 def _model_source_options(command):
@@ -305,10 +316,12 @@ _ALLOW_GPU = click.option("--allow-gpu/--no-allow-gpu", default=False, show_defa
                           help="Use a GPU if one is visible (by default GPUs are hidden, as in DeepDanbooru).")
 _BATCH_SIZE = click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
                            help="Images per model call.")
-_FORMAT = click.option("--format", "output_format", default="text", show_default=True,
-                       type=click.Choice(["text", "json", "csv"]),
-                       help="text: DeepDanbooru's layout; json: one JSON object per image and line; "
-                            "csv: path,tag,score rows.")
+def _FORMAT(command):
+    command = alias("--json", "output_format", value="json")(command)
+    return click.option("--format", "output_format", default="text", show_default=True,
+                        type=click.Choice(["text", "json", "csv"]),
+                        help="text: DeepDanbooru's layout; json: one JSON object per image and line (with "
+                             "--metrics: one object); csv: path,tag,score rows.")(command)
 
 
 def _exit_if_skipped(summary):
@@ -349,7 +362,7 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
     _exit_if_skipped(summary)
 
 
-_METRICS_ONLY = ("model", "split", "start_id", "end_id", "as_json")
+_METRICS_ONLY = ("model_path", "split", "start_id", "end_id")
 
 
 @main.command("evaluate-project")
@@ -363,16 +376,16 @@ _METRICS_ONLY = ("model", "split", "start_id", "end_id", "as_json")
 @click.option("--metrics", is_flag=True,
               help="Instead of tagging TARGET, measure the model on the project's labelled records and print the "
                    "validation metrics (docs/metrics.md).")
-@click.option("--model", type=click.Path(dir_okay=False, path_type=str),
+@click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="With --metrics: the model file to measure [default: the project's final export].")
+@alias("--model", "model_path", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--split", type=click.Choice(["validation", "all"]), default="validation", show_default=True,
               help="With --metrics: the project's validation split, or every eligible post.")
 @click.option("--start-id", type=int, help="With --metrics: only posts with id >= this.")
 @click.option("--end-id", type=int, help="With --metrics: only posts with id <= this.")
-@click.option("--json", "as_json", is_flag=True, help="With --metrics: print one JSON object.")
 @click.pass_context
 def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow_gpu, output_format, batch_size,
-                     metrics, model, split, start_id, end_id, as_json):
+                     metrics, model_path, split, start_id, end_id):
     """Tag TARGET (an image, or a folder searched recursively) with PROJECT_PATH's model.
 
     Same as `evaluate TARGET --project-path PROJECT_PATH --allow-folder`; exit code 1 when an image was skipped.
@@ -394,13 +407,12 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
             raise click.UsageError("--thresholds-csv and --format csv apply to tagging, not to --metrics")
         from deepdanbooru.inference.project_metrics import project_metrics
 
-        summary = project_metrics(project_path, model_path=model, split=split, start_id=start_id, end_id=end_id,
-                                  threshold=threshold, batch_size=batch_size,
-                                  allow_gpu=allow_gpu, as_json=as_json or output_format == "json", echo=click.echo)
+        summary = project_metrics(project_path, model_path=model_path, split=split, start_id=start_id,
+                                  end_id=end_id, threshold=threshold, batch_size=batch_size,
+                                  allow_gpu=allow_gpu, as_json=output_format == "json", echo=click.echo)
         _exit_if_skipped(summary)
         return
-    misplaced = [f"--{name.replace('_', '-')}" if name != "as_json" else "--json"
-                 for name in _METRICS_ONLY if given(name)]
+    misplaced = [f"--{name.replace('_', '-')}" for name in _METRICS_ONLY if given(name)]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)} can only be used with --metrics")
     if target is None:
@@ -416,12 +428,14 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
 @main.command("grad-cam")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
 @click.argument("target", type=click.Path(path_type=str))
-@click.argument("output", default=".", required=False, type=click.Path(file_okay=False, path_type=str))
+@click.argument("output", cls=PositionalAlias, target="save_path", type=click.Path(file_okay=False, path_type=str))
+@click.option("--save-path", default=".", show_default=True, type=click.Path(file_okay=False, path_type=str),
+              help="Folder for the pictures (DeepDanbooru's third argument OUTPUT_PATH also works).")
 @click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0),
               help="Explain the tags whose score is at least this.")
 @_ALLOW_GPU
-def grad_cam(project_path, target, output, threshold, allow_gpu):
-    """Explain each predicted tag of TARGET (an image or a folder) with PNG maps under OUTPUT/<image name>/.
+def grad_cam(project_path, target, save_path, threshold, allow_gpu):
+    """Explain each predicted tag of TARGET (an image or a folder) with PNG maps under SAVE_PATH/<image name>/.
 
     Per tag: <tag>.gradcam.png (Grad-CAM of the last convolutional stage over
     the image), <tag>.saliency.png (input-gradient map, DeepDanbooru's
@@ -429,7 +443,7 @@ def grad_cam(project_path, target, output, threshold, allow_gpu):
     """
     from deepdanbooru.inference.gradcam import grad_cam_command
 
-    summary = grad_cam_command(project_path, target, output, threshold=threshold, allow_gpu=allow_gpu,
+    summary = grad_cam_command(project_path, target, save_path, threshold=threshold, allow_gpu=allow_gpu,
                                echo=click.echo)
     _exit_if_skipped(summary)
 

@@ -443,7 +443,7 @@ def test_script_lines_json_and_exit_codes(project):
     assert all(line.startswith("WARN  " if " split " in line else "PASS  ") for line in lines[:-1])
     assert lines[-1] == "preflight passed with warnings: split"  # 24 posts: a rare tag
     image_of(project, 1).unlink()
-    bad = run_script("training_preflight.py", project, "--json")
+    bad = run_script("training_preflight.py", project, "--format", "json")
     assert bad.returncode == 1
     report = json.loads(bad.stdout)
     assert report["ok"] is False and report["exit_code"] == 1
@@ -471,7 +471,7 @@ def test_cli_preflight_uses_the_same_checks(project):
     assert good.exit_code == 0, good.output
     assert "PASS  images      checked the first 3 of 24 eligible images" in good.output
     image_of(project, 2).write_bytes(b"")
-    bad = runner.invoke(main, ["preflight", str(project), "--json"])
+    bad = runner.invoke(main, ["preflight", str(project), "--format", "json"])
     assert bad.exit_code == 1
     assert json.loads(bad.output)["checks"][6]["detail"].endswith("empty file (0 bytes)")
     assert runner.invoke(main, ["preflight", str(project / "nope")]).exit_code == 2
@@ -535,7 +535,7 @@ def test_probes_report_a_missing_tensorflow_instead_of_crashing(project, tmp_pat
         sys.meta_path.insert(0, Blocker())
     """))
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}")
-    done = run_script("training_preflight.py", project, "--probe-imports", "--probe-tensorflow", "--json", env=env)
+    done = run_script("training_preflight.py", project, "--probe-imports", "--probe-tensorflow", "--format", "json", env=env)
     assert done.returncode == 1, done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["import tensorflow"]["status"] == "FAIL"

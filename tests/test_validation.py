@@ -189,7 +189,7 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     runner = CliRunner()
 
     def metrics_of(*options):
-        result = runner.invoke(main, ["evaluate-project", str(project), "--metrics", "--json", *options])
+        result = runner.invoke(main, ["evaluate-project", str(project), "--metrics", "--format", "json", *options])
         assert result.exit_code == 0, result.output
         return json.loads(result.output.strip().splitlines()[-1])
 
@@ -197,7 +197,7 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     assert final["records"] == 4 and final["skipped"] == 0 and final["split"] == "validation"
     assert final["model"].endswith(f"{MODEL}.keras")
     assert final["metrics"] == json.loads((project / f"{MODEL}.metrics.json").read_text())["metrics"]
-    best = metrics_of("--model", str(project / f"{MODEL}.best.keras"))
+    best = metrics_of("--model-path", str(project / f"{MODEL}.best.keras"))
     assert best["metrics"] == json.loads((project / f"{MODEL}.best.json").read_text())["metrics"]
     assert (final["model_kind"], best["model_kind"]) == ("the project's final export",
                                                          "the project's best model (--model-path)")
@@ -215,10 +215,10 @@ def test_evaluate_project_metrics_match_the_exports(validated):
 @pytest.mark.parametrize("arguments, message", [
     (["--metrics", "image.jpg"], "TARGET is not used with --metrics"),
     ([], "Missing argument 'TARGET'"),
-    (["image.jpg", "--json"], "--json can only be used with --metrics"),
+    (["image.jpg", "--split", "all"], "--split can only be used with --metrics"),
     (["--metrics", "--start-id", "9", "--end-id", "3"], "--start-id 9 is greater than --end-id 3"),
     (["--metrics", "--split", "all", "--start-id", "1000"], "posts: no record in the eligible posts with 1000 <= id"),
-    (["--metrics", "--model", "missing.keras"], "missing.keras: model file not found"),
+    (["--metrics", "--model-path", "missing.keras"], "missing.keras: model file not found"),
 ])
 def test_evaluate_project_metrics_usage_errors(validated, arguments, message):
     project, _ = validated

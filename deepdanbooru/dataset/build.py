@@ -292,16 +292,16 @@ def rank_tags(counts: Counter, min_count: int = 1, limit: int = 0, system_tags: 
 MAKE_TAGS_KEYS = ("database_path", "minimum_tag_count", "image_extensions")
 
 
-def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool = False, output=None,
+def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrite: bool = False, save_path=None,
               system_tags: bool = True, echo=print) -> list[str]:
     """Write tags.txt from the tag frequencies of the project's eligible posts."""
-    if min_count < 1:
-        raise UserError(f"--min-count must be >= 1, got {min_count}")
+    if minimum_post_count < 1:
+        raise UserError(f"--minimum-post-count must be >= 1, got {minimum_post_count}")
     if limit < 0:
         raise UserError(f"--limit must be >= 0, got {limit}")
     config = load_config(project_dir, uses=MAKE_TAGS_KEYS)
     database = config.require_database()
-    target = Path(output) if output else ProjectPaths(project_dir).tags
+    target = Path(save_path) if save_path else ProjectPaths(project_dir).tags
     if target.is_dir():
         raise TagsError(file_field(target, None, "is a directory; give a file path"))
     if not target.parent.is_dir():
@@ -316,11 +316,11 @@ def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool =
                                       f"tag_count_general >= {config.minimum_tag_count}, minimum_tag_count in "
                                       f"{config.config_path})"))
     counts = count_tags(records.tag_strings)
-    tags = rank_tags(counts, min_count, limit, system_tags)
+    tags = rank_tags(counts, minimum_post_count, limit, system_tags)
     if not tags:
         raise TagsError(file_field(target, None,
-                                   f"not written: no tag occurs in {min_count} or more of the "
-                                   f"{len(records)} eligible posts of {database}; lower --min-count"))
+                                   f"not written: no tag occurs in {minimum_post_count} or more of the "
+                                   f"{len(records)} eligible posts of {database}; lower --minimum-post-count"))
     write_text_atomic(target, "".join(f"{tag}\n" for tag in tags))
 
     total_posts = _count_posts(database)

@@ -65,6 +65,13 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    """--format text|json, the CLI's name; --json stays as a hidden older spelling."""
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="text: one line per check; json: one JSON object (default text)")
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help=argparse.SUPPRESS)
+
+
 def _parse(parser: argparse.ArgumentParser, argv):
     arguments = parser.parse_args(argv)  # exits 2 on bad usage
     problem = usage_error(arguments.project)
@@ -88,11 +95,11 @@ def training_preflight_main(argv=None) -> int:
                         help="import each runtime package in a child process and report its version")
     parser.add_argument("--probe-tensorflow", action="store_true",
                         help="run TensorFlow in a child process: compute on the CPU, decode the sampled images")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    _add_format(parser)
     arguments = _parse(parser, argv)
     results = training_preflight(arguments.project, arguments.max_image_checks, arguments.check_packages,
                                  arguments.probe_imports, arguments.probe_tensorflow)
-    return report(arguments.project, results, arguments.json)
+    return report(arguments.project, results, arguments.format == "json")
 
 
 def validate_project_config_main(argv=None) -> int:
@@ -102,10 +109,10 @@ def validate_project_config_main(argv=None) -> int:
     parser.add_argument("project", help="project directory (holds project.json)")
     parser.add_argument("--check-paths", action="store_true",
                         help="also check tags.txt, the database file and the images folder beside it")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    _add_format(parser)
     arguments = _parse(parser, argv)
     results = validate_project_config(arguments.project, arguments.check_paths)
-    return report(arguments.project, results, arguments.json)
+    return report(arguments.project, results, arguments.format == "json")
 
 
 def script(main) -> None:

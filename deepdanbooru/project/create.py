@@ -67,12 +67,12 @@ def write_text_atomic(path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def create_project(project_path, force: bool = False, echo=print) -> Path:
+def create_project(project_path, overwrite: bool = False, echo=print) -> Path:
     paths = ProjectPaths(project_path)
     if paths.root.exists() and not paths.root.is_dir():
         raise ConfigError(f"{paths.root}: exists and is not a directory")
-    if paths.config.exists() and not force:
-        raise ConfigError(file_field(paths.config, None, "already exists; use --force to overwrite it"))
+    if paths.config.exists() and not overwrite:
+        raise ConfigError(file_field(paths.config, None, "already exists; use --overwrite to replace it"))
     paths.root.mkdir(parents=True, exist_ok=True)
     write_text_atomic(paths.config, json.dumps(default_project_json(), indent=4) + "\n")
     echo(f"Created {paths.config}")

@@ -196,6 +196,19 @@ def test_the_thresholds_csv_beside_the_model_is_used_unless_threshold_is_given(p
     assert result.stderr.startswith(f"Model: {project / 'model-resnet_small.keras'} (the project's final export)")
 
 
+def test_a_bad_training_setting_does_not_stop_evaluate(project, images):
+    config = json.loads((project / "project.json").read_text())
+    (project / "project.json").write_text(json.dumps({**config, "learning_rate": 0, "minibatch_sise": 8}))
+    result = run_cli("evaluate", images["red"], "--project-path", project)
+    assert result.exit_code == 0, result.output
+    assert "learning_rate: must be > 0.0, got 0 (not used by this command" in result.stderr
+    assert "unknown key 'minibatch_sise' is ignored (did you mean 'minibatch_size'?)" in result.stderr
+    config["model"] = "resnet_smal"
+    (project / "project.json").write_text(json.dumps(config))
+    result = run_cli("evaluate", images["red"], "--project-path", project)
+    assert result.exit_code == 2 and "model: must be one of" in result.stderr
+
+
 def test_a_missing_target_does_not_stop_the_others(project, images, tmp_path):
     gone = tmp_path / "gone.png"
     result = run_cli("evaluate", images["red"], gone, images["yellow"], tmp_path / "also_gone.jpg",

@@ -248,7 +248,7 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
 
     `sample_images` (files) are compared too, after the generated inputs.
     """
-    from deepdanbooru.inference.model_files import resolve_model_source
+    from deepdanbooru.inference.model_files import MODEL_KEYS, resolve_model_source
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, load_config
 
@@ -260,7 +260,8 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
         shape = model.input_shape
         if len(shape) != 4 or None in shape[1:3]:
             raise ModelError(f"{model_file}: input shape {shape} has no fixed image size")
-        limit = load_config(project_path).max_image_pixels if project_path else DEFAULT_MAX_IMAGE_PIXELS
+        limit = (load_config(project_path, uses=MODEL_KEYS).max_image_pixels if project_path
+                 else DEFAULT_MAX_IMAGE_PIXELS)
         images = np.concatenate([sample_inputs(shape[1], shape[2]),
                                  load_sample_images(sample_images, shape[1], shape[2], limit)])
     report = convert_model(model, save_path, output_format, optimize_default, optimize_sparsity, tolerance,

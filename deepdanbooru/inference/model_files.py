@@ -15,6 +15,10 @@ from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, ProjectConfig,
 from deepdanbooru.project.paths import ProjectPaths
 
 
+# What using a project's model reads of project.json: a bad training setting must not stop evaluate.
+MODEL_KEYS = ("model", "image_width", "image_height", "max_image_pixels")
+
+
 class ModelSourceError(UserError):
     """The options do not say which model to use, or say it twice."""
 
@@ -60,7 +64,7 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
     """--project-path alone, or --model-path with --tags-path (a project may supply what is missing)."""
     if project_path is None and model_path is None:
         raise ModelSourceError("give --project-path, or --model-path with --tags-path")
-    config = load_config(project_path) if project_path is not None else None
+    config = load_config(project_path, uses=MODEL_KEYS) if project_path is not None else None
     if model_path is not None and tags_path is None and config is None:
         raise ModelSourceError("--model-path needs --tags-path (the tags.txt the model was trained with)")
     if model_path is not None:
@@ -95,7 +99,7 @@ def resolve_model_source(project_path=None, model_path=None) -> Path:
         return model
     if project_path is None:
         raise ModelSourceError("give --project-path or --model-path")
-    return project_model(load_config(project_path))
+    return project_model(load_config(project_path, uses=MODEL_KEYS))
 
 
 DEFAULT_THRESHOLD = 0.5

@@ -122,6 +122,24 @@ def test_every_file_of_a_trained_project_has_the_mode_open_gives(run):
     assert not wrong, f"expected {oct(expected)}"
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_files_renamed_into_place_get_the_mode_open_gives(tmp_path, umask):
+    from deepdanbooru.dataset.build import make_training_database
+    from deepdanbooru.project.create import write_text_atomic
+    from deepdanbooru.sample.generator import generate_sample_dataset
+
+    original = os.umask(umask)
+    try:
+        write_text_atomic(tmp_path / "a.json", "{}")
+        database, _ = generate_sample_dataset(tmp_path / "sample", count=4, size=16)
+        make_training_database(database, tmp_path / "train.sqlite", echo=lambda *_: None,
+                               progress=lambda *_: None)
+    finally:
+        os.umask(original)
+    for path in (tmp_path / "a.json", database, tmp_path / "train.sqlite"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+
+
 @pytest.mark.slow
 def test_train_project_prints_the_tensorboard_command(run):
     project, _, _, resumed = run

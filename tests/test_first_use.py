@@ -101,8 +101,9 @@ def test_untrustworthy_split_is_announced_in_preflight_and_at_start_and_end(run)
     assert "(now 0.25)" in warning
     lines = resumed.output.splitlines()
     assert lines[0] == f"warning: {warning}"  # at start, before anything else
-    final = max(i for i, line in enumerate(lines) if line.startswith("Final validation"))
-    assert f"warning: {warning}" in lines[final + 1:]  # and again under the final figures
+    # And at the end, just above the final figures (the final validation line stays the last one).
+    assert lines[-3] == f"warning: {warning}"
+    assert lines[-2].startswith("Training complete") and lines[-1].startswith("Final validation")
     assert f"warning: {warning}" in interrupted.output
     assert resumed.exit_code == 0
 

@@ -409,6 +409,7 @@ class SliceTrainer:
             validation_fraction=self.config.validation_fraction,
             validation_frequency_slices=self.config.validation_frequency_slices,
             best_model_metric=self.config.best_model_metric, config_path=self.config.config_path,
+            trust_warning=self.plan.trust_warning if self.role.is_chief else None,
             extras={"model": self.model, "optimizer": self.optimizer, "strategy": self.strategy, "plan": self.plan})
 
 

@@ -45,6 +45,7 @@ class RunInfo:
     validation_frequency_slices: int = 0
     best_model_metric: str = "macro_f1"
     config_path: Path | None = None
+    trust_warning: str | None = None  # dataset.trust's line when the split cannot measure the model
     # Live objects for monitors that need them (validation, best-model export); read-only by convention.
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -182,8 +183,10 @@ class ConsoleMonitor(Monitor):
     def __init__(self, echo=print):
         self.echo = echo
         self._last_validation: ValidationReport | None = None
+        self._trust_warning: str | None = None
 
     def on_train_begin(self, run):
+        self._trust_warning = run.trust_warning
         height, width, _ = run.input_shape
         self.echo(f"Records: {run.train_records} training, {run.validation_records} validation")
         self.echo(validation_plan_line(run))
@@ -233,6 +236,8 @@ class ConsoleMonitor(Monitor):
         self.echo(f"Exported {path}")
 
     def on_train_end(self, progress):
+        if self._trust_warning:  # train-project printed it at the start too
+            self.echo(f"warning: {self._trust_warning}")
         self.echo(f"Training complete: {progress.used_epoch} epoch(s), {progress.used_minibatch} steps, "
                   f"{progress.used_sample} samples")
         if self._last_validation is not None:

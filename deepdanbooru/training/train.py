@@ -123,9 +123,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
             # Before the monitors create their variables: that starts TensorFlow's runtime, after which
             # collectives and logical devices can no longer be configured.
             choose_strategy(plan.devices, plan.role)
-            counters = train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)
-    _warn_untrusted(plan, echo)  # again, under the final figures it is about
-    return counters
+            # The console repeats the warning at the end, next to the final figures it is about.
+            return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)
 
 
 def _warn_untrusted(plan: TrainingPlan, echo) -> None:

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from train_helpers import ROOT, make_project
 
 from deepdanbooru.cli import main
-from deepdanbooru.dataset.trust import SplitStats, is_validation, split_stats, trust_warning
+from deepdanbooru.dataset.trust import SplitStats, split_stats, trust_warning, validation_rule
 from deepdanbooru.preflight.main import training_preflight
 from deepdanbooru.training import train as train_module
 from deepdanbooru.training.monitors import Eta, Monitor
@@ -159,7 +159,7 @@ def test_the_standard_library_split_equals_training_split():
     ids = [1, 2, 3, 17, 1000, 123_456_789, 2**40 + 5, *range(5000, 5400)]
     for fraction, seed in [(0.05, 0), (0.25, 7), (0.5, 2**32 + 1)]:
         mask = validation_mask(ids, fraction, seed)
-        assert [is_validation(i, fraction, seed) for i in ids] == mask.tolist()
+        assert list(map(validation_rule(fraction, seed), ids)) == mask.tolist()
         assert 0 < mask.sum() < len(ids)
 
 

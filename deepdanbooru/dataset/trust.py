@@ -28,12 +28,17 @@ def _splitmix64(value: int) -> int:
     return value ^ (value >> 31)
 
 
-def is_validation(post_id: int, validation_fraction: float, seed: int) -> bool:
-    """training/split.py's rule for one post id, without numpy (tests keep the two equal)."""
-    if validation_fraction <= 0:
-        return False
-    hashed = _splitmix64(_splitmix64(seed & _MASK) ^ (post_id & _MASK))
-    return (hashed >> 11) / float(1 << 53) < validation_fraction
+def validation_rule(validation_fraction: float, seed: int):
+    """training/split.py's rule as a function of one post id, without numpy (tests keep the two equal)."""
+    key = _splitmix64(seed & _MASK)  # the same for every id: hashed once
+
+    def is_validation(post_id: int) -> bool:
+        return validation_fraction > 0 and (_splitmix64(key ^ (post_id & _MASK)) >> 11) / _SCALE < validation_fraction
+
+    return is_validation
+
+
+_SCALE = float(1 << 53)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from deepdanbooru.dataset import records
-from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, is_validation, split_stats, trust_warning
+from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, split_stats, trust_warning, validation_rule
 from deepdanbooru.errors import UserError
 from deepdanbooru.models import table
 from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
@@ -271,8 +271,9 @@ def check_split(run: Run):
     sql, _ = records.eligible_query(config.image_extensions)
     sql = sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT id, tag_string").replace(" ORDER BY id", "")
     rows = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count))
-    stats = split_stats(((is_validation(row_id, config.validation_fraction, config.seed), tag_string or "")
-                         for row_id, tag_string in rows if isinstance(row_id, int)), tags)
+    is_validation = validation_rule(config.validation_fraction, config.seed)
+    stats = split_stats(((is_validation(row_id), tag_string or "") for row_id, tag_string in rows
+                         if isinstance(row_id, int)), tags)
     warning = trust_warning(stats, config.validation_fraction, config.config_path)
     detail = (f"{stats.train_posts:,} training and {stats.validation_posts:,} validation posts "
               f"(validation_fraction {config.validation_fraction:g})")

@@ -25,9 +25,9 @@ class Term:
 
 VOCABULARY: tuple[Term, ...] = (
     # Files and folders.
-    Term("--project-path", "the project folder, where it is one way among others to name the model or the "
-                           "destination (commands that always act on a project take PROJECT_PATH first, "
-                           "positionally, as in DeepDanbooru)", deepdanbooru=True),
+    Term("--project-path", "the project folder (commands that always act on a project show it as their first "
+                           "argument PROJECT_PATH, as in DeepDanbooru, and accept --project-path too)",
+         deepdanbooru=True),
     Term("--model-path", "a model file (.keras, or DeepDanbooru .h5) to use instead of the project's export",
          ("--model",), deepdanbooru=True),
     Term("--tags-path", "the tags.txt of the model given with --model-path", deepdanbooru=True),
@@ -130,10 +130,38 @@ def alias(spelling: str, target: str, value=None, **kwargs):
 _GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
 
+PROJECT_OPTION = "--project-path"
+
+
+def takes_project_first(command: click.Command) -> bool:
+    """A command whose first argument is PROJECT_PATH (DeepDanbooru's form) and has no --project-path option."""
+    arguments = [p for p in command.params if isinstance(p, click.Argument)]
+    return (bool(arguments) and arguments[0].name == "project_path"
+            and not any(isinstance(p, click.Option) and p.name == "project_path" for p in command.params))
+
+
+def _project_option_to_argument(args: list[str]) -> list[str]:
+    """`--project-path P ...` (or `--project-path=P`) -> `P ...`: the same project, given the positional way."""
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == PROJECT_OPTION and index + 1 < len(args):
+            return [args[index + 1], *args[:index], *args[index + 2:]]
+        if arg.startswith(PROJECT_OPTION + "="):
+            return [arg.split("=", 1)[1], *args[:index], *args[index + 1:]]
+    return args
+
+
 class VocabularyCommand(click.Command):
-    """Folds each given Alias into its canonical parameter, as if the canonical option had been given."""
+    """Folds each given Alias into its canonical parameter, as if the canonical option had been given.
+
+    A command that takes PROJECT_PATH positionally also accepts it as --project-path, the name the
+    other commands use (hidden: the positional form is DeepDanbooru's and the one --help shows).
+    """
 
     def parse_args(self, ctx, args):
+        if takes_project_first(self):
+            args = _project_option_to_argument(list(args))
         rest = super().parse_args(ctx, args)
         for param in self.params:
             if not isinstance(param, (Alias, PositionalAlias)):
@@ -164,6 +192,8 @@ def command_rows(group: click.Group):
         command = group.commands[name]
         params = {p.name: p for p in command.params}
         canonical, aliases = [], []
+        if takes_project_first(command):
+            aliases.append(f"{PROJECT_OPTION} -> argument PROJECT_PATH")
         for param in command.get_params(ctx):
             if isinstance(param, PositionalAlias):
                 aliases.append(f"argument {param.human_readable_name} -> {params[param.target].opts[0]}")
@@ -189,7 +219,8 @@ def render(group: click.Group) -> str:
         "by `--help`); giving an alias and its canonical option with different values",
         "is an error. Commands that always act on one project (`create-project`,",
         "`train-project`, `preflight`, `make-tags`, `evaluate-project`, `grad-cam`)",
-        "take PROJECT_PATH first, positionally, as DeepDanbooru's do.",
+        "take PROJECT_PATH first, positionally, as DeepDanbooru's do; `--project-path",
+        "PROJECT` works there too.",
         "",
         "| option | meaning | DeepDanbooru | hidden aliases |",
         "|---|---|---|---|",

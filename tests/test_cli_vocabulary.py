@@ -70,6 +70,10 @@ def test_aliases_do_what_the_canonical_options_do(tmp_path, sample_project):
     assert old.exit_code == new.exit_code == 0, old.output + new.output
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text()
 
+    named = runner.invoke(main, ["preflight", "--format", "json", "--project-path", str(sample_project)])
+    assert named.output == runner.invoke(main, ["preflight", str(sample_project), "--format", "json"]).output
+    assert "--project-path" not in runner.invoke(main, ["preflight", "--help"]).output
+
     as_json = runner.invoke(main, ["preflight", str(sample_project), "--json"])
     assert json.loads(as_json.output)["checks"][0]["name"] == "config"
     assert as_json.output == runner.invoke(main, ["preflight", str(sample_project), "--format", "json"]).output

@@ -30,7 +30,7 @@ def test_every_option_of_every_command_is_in_the_table():
             if isinstance(param, Alias):
                 canonical = option_names(params[param.target])[0]
                 assert param.hidden, f"{name} {param.opts[0]}"
-                assert param.opts[0] in TERMS[canonical].aliases, f"{name}: {param.opts[0]} is not an alias of {canonical}"
+                assert param.opts[0] in TERMS[canonical].aliases, f"{name}: {param.opts[0]} not an alias of {canonical}"
                 aliases_used.add(param.opts[0])
             elif isinstance(param, click.Option):
                 for spelling in option_names(param):

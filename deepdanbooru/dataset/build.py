@@ -185,7 +185,8 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
                f"{summary.skipped_bad_md5} with an empty or unsafe md5 (first: id {summary.first_bad_md5_id})"
                if summary.skipped_bad_md5 else ""]
     skipped = [text for text in skipped if text]
-    echo(f"Wrote {plural(summary.copied, 'post')} to {output}" + (f" (skipped {', '.join(skipped)})" if skipped else ""))
+    echo(f"Wrote {plural(summary.copied, 'post')} to {output}"
+         + (f" (skipped {', '.join(skipped)})" if skipped else ""))
     if summary.ratings or summary.unknown_rating:
         counts = ", ".join(f"{tag} {summary.ratings[tag]}" for tag in SYSTEM_TAGS if summary.ratings[tag])
         unknown = f"; {summary.unknown_rating} without a g/s/q/e rating" if summary.unknown_rating else ""

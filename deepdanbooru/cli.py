@@ -8,7 +8,6 @@ here, and only here.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import sys
@@ -17,39 +16,14 @@ import warnings
 import click
 
 from deepdanbooru import __version__
-from deepdanbooru.cli_vocabulary import PositionalAlias, VocabularyCommand, alias
+from deepdanbooru.cli_vocabulary import PositionalAlias, VocabularyGroup, alias
 from deepdanbooru.errors import UserError
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
 from deepdanbooru.tfimport import install_quiet_import
 
 
-class _Group(click.Group):
-    """Maps UserError to a one-line message; a traceback only with --debug.
-
-    Its commands fold hidden older option spellings into the canonical ones (cli_vocabulary.py).
-
-    Also: the command list shows each summary whole (click cuts them to fit one line), and an unknown
-    command suggests the commands it begins or is part of (`train` -> train-project).
-    """
-
-    command_class = VocabularyCommand
-
-    def format_commands(self, ctx, formatter):
-        rows = [(name, command.get_short_help_str(limit=200)) for name in self.list_commands(ctx)
-                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-    def resolve_command(self, ctx, args):
-        name = args[0] if args else ""
-        if not ctx.resilient_parsing and not name.startswith("-") and self.get_command(ctx, name) is None:
-            names = self.list_commands(ctx)
-            close = ([candidate for candidate in names if candidate.startswith(name) or name in candidate.split("-")]
-                     or difflib.get_close_matches(name, names, n=3))
-            hint = f" Did you mean {' or '.join(repr(candidate) for candidate in close)}?" if close else ""
-            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
-        return super().resolve_command(ctx, args)
+class _Group(VocabularyGroup):
+    """Maps UserError to a one-line message; a traceback only with --debug."""
 
     def invoke(self, ctx):
         try:

@@ -1,4 +1,5 @@
-"""One option name per concept, DeepDanbooru 1.0's where it has one; older spellings as hidden aliases.
+"""The names of the command line: one option name per concept, DeepDanbooru 1.0's where it has one;
+older spellings as hidden aliases; command suggestions.
 
 VOCABULARY is the table docs/cli.md shows (rendered by `python -m
 deepdanbooru.cli_vocabulary > docs/cli.md`) and a test walks every command's
@@ -9,6 +10,7 @@ ever sees the canonical name, whatever the version of click.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import click
@@ -178,6 +180,31 @@ class VocabularyCommand(click.Command):
             ctx.params[param.target] = meant
             ctx.set_parameter_source(param.target, ParameterSource.COMMANDLINE)
         return rest
+
+
+class VocabularyGroup(click.Group):
+    """Commands of this class; the command list shows each summary whole (click cuts them to fit one
+    line), and an unknown command suggests the commands it begins or is part of (`train` -> train-project).
+    """
+
+    command_class = VocabularyCommand
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, command.get_short_help_str(limit=200)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if not ctx.resilient_parsing and not name.startswith("-") and self.get_command(ctx, name) is None:
+            names = self.list_commands(ctx)
+            close = ([candidate for candidate in names if candidate.startswith(name) or name in candidate.split("-")]
+                     or difflib.get_close_matches(name, names, n=3))
+            hint = f" Did you mean {' or '.join(repr(candidate) for candidate in close)}?" if close else ""
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
 
 
 def option_names(param: click.Parameter) -> list[str]:

@@ -19,6 +19,7 @@ MIN_VALIDATION_POSTS = 50
 MIN_TRAIN_POSITIVES = 5
 
 _MASK = 0xFFFFFFFFFFFFFFFF
+_SCALE = float(1 << 53)  # the top 53 bits of the hash as a float in [0, 1), as split.py takes them
 
 
 def _splitmix64(value: int) -> int:
@@ -36,9 +37,6 @@ def validation_rule(validation_fraction: float, seed: int):
         return validation_fraction > 0 and (_splitmix64(key ^ (post_id & _MASK)) >> 11) / _SCALE < validation_fraction
 
     return is_validation
-
-
-_SCALE = float(1 << 53)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from deepdanbooru.errors import ConfigError, file_field
@@ -12,39 +12,19 @@ from deepdanbooru.project.config import default_project_json
 from deepdanbooru.project.paths import ProjectPaths
 
 
-def _umask() -> int:
-    try:  # Linux: read it without changing it (another thread may be creating files right now)
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def ordinary_mode() -> int:
-    """The mode open() gives a new file: 0o666 less the umask (0644 under umask 022)."""
-    return 0o666 & ~_umask()
-
-
 def temporary_beside(path) -> tuple[int, str]:
-    """mkstemp in path's folder, with the mode an ordinary open() would give instead of mkstemp's 0600.
+    """A new hidden file next to `path` (same file system, so the final rename is atomic).
 
-    The file is renamed into place and keeps this mode, so others can read what the tool writes.
-    Returns (open descriptor, temporary path).
+    Created with mode 0o666 as open() does, so the umask decides who may read what the tool writes
+    (mkstemp's private 0o600 would stay with the file after the rename). Returns (descriptor, path).
     """
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(handle, ordinary_mode())
-    except BaseException:
-        os.close(handle)
-        os.unlink(temporary)
-        raise
-    return handle, temporary
+    while True:
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(temporary)
+        except FileExistsError:
+            continue
 
 
 def write_bytes_atomic(path, content: bytes) -> None:

@@ -100,15 +100,20 @@ def train_project(project_path, source_model, force_mixed_precision, devices):
 @click.option("--probe-imports", is_flag=True, help="Import each runtime package in a child process.")
 @click.option("--probe-tensorflow", is_flag=True,
               help="Run TensorFlow in a child process: compute on the CPU, decode the sampled images.")
+@click.option("--check-duplicates", is_flag=True,
+              help="Read every eligible image: identical files and near-identical pictures (dHash) on both sides "
+                   "of the validation split.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: one line per check; json: one JSON object.")
 @alias("--json", "output_format", value="json")
 @click.pass_context
-def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, output_format):
+def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, check_duplicates,
+              output_format):
     """Read-only checks of PROJECT_PATH before training. Exit 0: all good, 1: a check failed."""
     from deepdanbooru.preflight.main import report, training_preflight
 
-    results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow)
+    results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow,
+                                 check_duplicates)
     ctx.exit(report(project_path, results, output_format == "json", echo=click.echo))
 
 
@@ -138,6 +143,12 @@ def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
     click.echo(f"Use it in a project: set database_path to {database.resolve()} and copy tags.txt beside project.json")
 
 
+_GROUP_DUPLICATES = click.option(
+    "--group-duplicates", is_flag=True,
+    help="Read every image and give identical or near-identical pictures (64-bit dHash within 4 bits) a shared "
+         "split_id, so each group lands on one side of the validation split (new datasets; docs/datasets.md).")
+
+
 @main.command("make-training-database")
 @click.argument("source_path", type=click.Path(exists=True, dir_okay=False, path_type=str))
 @click.argument("output_path", type=click.Path(dir_okay=False, path_type=str))
@@ -148,7 +159,9 @@ def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
               help="Posts read and written per step; bounds memory.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT_PATH.")
 @click.option("--vacuum", is_flag=True, help="Run VACUUM on the output before it is put in place.")
-def make_training_database(source_path, output_path, start_id, end_id, use_deleted, chunk_size, overwrite, vacuum):
+@_GROUP_DUPLICATES
+def make_training_database(source_path, output_path, start_id, end_id, use_deleted, chunk_size, overwrite, vacuum,
+                           group_duplicates):
     """Copy posts of SOURCE_PATH into a training database OUTPUT_PATH.
 
     Appends the system tag rating:general/sensitive/questionable/explicit for
@@ -160,7 +173,7 @@ def make_training_database(source_path, output_path, start_id, end_id, use_delet
 
     make(source_path, output_path, start_id=start_id, end_id=end_id, use_deleted=use_deleted,
          chunk_size=chunk_size, overwrite=overwrite, vacuum=vacuum, echo=click.echo,
-         progress=lambda line: click.echo(line, err=True))
+         progress=lambda line: click.echo(line, err=True), group_duplicates=group_duplicates)
 
 
 @main.command("download-tags")
@@ -199,9 +212,10 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
 @click.option("--link", is_flag=True, help="Hard-link images instead of copying them (same file system only).")
 @click.option("--extensions", default="png,jpg,jpeg,gif,webp,bmp", show_default=True,
               help="Comma-separated image file extensions to pick up.")
+@_GROUP_DUPLICATES
 @click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
               help="The project the dataset is for: the closing advice gives database_path relative to it.")
-def import_images(src, dataset, link, extensions, project_path):
+def import_images(src, dataset, link, extensions, group_duplicates, project_path):
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
     A sidecar IMAGE.txt (or IMAGE.ext.txt) holds comma- or space-separated
@@ -215,7 +229,7 @@ def import_images(src, dataset, link, extensions, project_path):
     """
     from deepdanbooru.tools.import_images import import_images as run_import
 
-    run_import(src, dataset, link=link, extensions=extensions, echo=click.echo,
+    run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
                warn=lambda line: click.echo(line, err=True), project=project_path)
 
 
@@ -298,6 +312,17 @@ def _FORMAT(command):
                              "--metrics: one object); csv: path,tag,score rows.")(command)
 
 
+def _record_options(when: str):
+    """--split, --start-id, --end-id: which of the project's labelled posts a model is measured on."""
+    def decorate(command):
+        command = click.option("--end-id", type=int, help=f"{when}only posts with id <= this.")(command)
+        command = click.option("--start-id", type=int, help=f"{when}only posts with id >= this.")(command)
+        return click.option("--split", type=click.Choice(["validation", "all"]), default="validation",
+                            show_default=True,
+                            help=f"{when}the project's validation split, or every eligible post.")(command)
+    return decorate
+
+
 def _exit_if_skipped(summary):
     if summary.skipped:
         # Exit code 1: the run finished but not every image was tagged (2 is a usage/input error).
@@ -353,10 +378,7 @@ _METRICS_ONLY = ("model_path", "split", "start_id", "end_id")
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="With --metrics: the model file to measure [default: the project's final export].")
 @alias("--model", "model_path", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--split", type=click.Choice(["validation", "all"]), default="validation", show_default=True,
-              help="With --metrics: the project's validation split, or every eligible post.")
-@click.option("--start-id", type=int, help="With --metrics: only posts with id >= this.")
-@click.option("--end-id", type=int, help="With --metrics: only posts with id <= this.")
+@_record_options("With --metrics: ")
 @click.pass_context
 def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow_gpu, output_format, batch_size,
                      metrics, model_path, split, start_id, end_id):
@@ -449,6 +471,28 @@ def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_
     convert(project_path=project_path, model_path=model_path, save_path=save_path,
             optimize_default=optimize_default, optimize_sparsity=optimize_experimental_sparsity,
             output_format=output_format, tolerance=tolerance, sample_images=sample_images, echo=click.echo)
+
+
+@main.command("export-bundle")
+@click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("save_path", type=click.Path(dir_okay=True, file_okay=False, path_type=str))
+@click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
+              help="The model to bundle [default: the project's final export].")
+@_record_options("Thresholds and metrics: ")
+@click.option("--overwrite", is_flag=True, help="Replace the bundle files in SAVE_PATH.")
+@_ALLOW_GPU
+@_BATCH_SIZE
+def export_bundle(project_path, save_path, model_path, split, start_id, end_id, overwrite, allow_gpu, batch_size):
+    """Write SAVE_PATH as a WD-tagger-style bundle for today's tagger tools.
+
+    model.onnx (BGR 0-255 white-padded square input, conversion folded in),
+    selected_tags.csv, thresholds.csv, metrics.json and preprocess.json; see
+    docs/evaluation.md. Needs the optional packages: pip install 'deepdanbooru[onnx]'.
+    """
+    from deepdanbooru.inference.bundle import export_bundle as export
+
+    export(project_path, save_path, model_path=model_path, split=split, start_id=start_id, end_id=end_id,
+           overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
 
 
 def run():

@@ -45,6 +45,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--save-txt", "write each image's tags beside it as <image name>.txt", deepdanbooru=True),
     Term("--vacuum", "run VACUUM on the database written", deepdanbooru=True),
     Term("--link", "hard-link images instead of copying them"),
+    Term("--group-duplicates", "give identical or near-identical pictures one split_id"),
     # Which inputs.
     Term("--allow-folder", "accept folders as targets", deepdanbooru=True),
     Term("--folder-filters", "file-name patterns of the images in folders", deepdanbooru=True),
@@ -82,6 +83,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--check-packages", "check the installed package versions"),
     Term("--probe-imports", "import each runtime package in a child process"),
     Term("--probe-tensorflow", "run TensorFlow in a child process"),
+    Term("--check-duplicates", "read every image for duplicates across the validation split"),
     # Sizes and the sample.
     Term("--width", "input width in pixels"),
     Term("--height", "input height in pixels"),
@@ -234,6 +236,8 @@ def command_rows(group: click.Group):
 
 
 def render(group: click.Group) -> str:
+    positional = ", ".join(f"`{name}`" for name, command in sorted(group.commands.items())
+                           if takes_project_first(command))
     lines = [
         "# Command-line options",
         "",
@@ -244,10 +248,9 @@ def render(group: click.Group) -> str:
         "One name per concept: DeepDanbooru 1.0's name where it has one, so its",
         "scripts keep working. Older spellings still work as hidden aliases (not shown",
         "by `--help`); giving an alias and its canonical option with different values",
-        "is an error. Commands that always act on one project (`create-project`,",
-        "`train-project`, `preflight`, `make-tags`, `evaluate-project`, `grad-cam`)",
-        "take PROJECT_PATH first, positionally, as DeepDanbooru's do; `--project-path",
-        "PROJECT` works there too.",
+        "is an error. Commands that always act on one project take PROJECT_PATH",
+        "first, positionally, as DeepDanbooru's do; `--project-path PROJECT` works",
+        f"there too ({positional}).",
         "",
         "| option | meaning | DeepDanbooru | hidden aliases |",
         "|---|---|---|---|",

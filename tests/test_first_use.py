@@ -16,11 +16,10 @@ from click.testing import CliRunner
 from train_helpers import ROOT, make_project
 
 from deepdanbooru.cli import main
-from deepdanbooru.dataset.trust import SplitStats, split_stats, trust_warning, validation_rule
+from deepdanbooru.dataset.trust import SplitStats, split_stats, trust_warning
 from deepdanbooru.preflight.main import training_preflight
 from deepdanbooru.training import train as train_module
 from deepdanbooru.training.monitors import Eta, Monitor
-from deepdanbooru.training.split import validation_mask
 
 UMASK = 0o002  # not the usual 022, so a hard-coded 0644 shows as well as mkstemp's 0600
 
@@ -153,14 +152,6 @@ def test_tensorboard_is_an_optional_extra_outside_test():
     assert not any(requirement.startswith("tensorboard") for requirement in extras["test"])
     for readme in (ROOT / "README.md", ROOT / "sample-project" / "README.md"):
         assert '.[tensorboard]' in readme.read_text()
-
-
-def test_the_standard_library_split_equals_training_split():
-    ids = [1, 2, 3, 17, 1000, 123_456_789, 2**40 + 5, *range(5000, 5400)]
-    for fraction, seed in [(0.05, 0), (0.25, 7), (0.5, 2**32 + 1)]:
-        mask = validation_mask(ids, fraction, seed)
-        assert list(map(validation_rule(fraction, seed), ids)) == mask.tolist()
-        assert 0 < mask.sum() < len(ids)
 
 
 def test_trust_warning_thresholds():

@@ -360,3 +360,50 @@ def test_slots_agree_with_edge_comparisons_next_to_every_edge(bins):
     metrics = ValidationMetrics(1, bins=bins)
     expected = np.searchsorted(edges, values, side="right") - 1
     assert metrics._slots(values.reshape(-1, 1)).ravel().tolist() == expected.tolist()
+
+
+def test_published_figures_on_a_case_with_a_known_equal_point():
+    """P=R, macro-F1 and macro-MCC at 0.4, overall and per category, against hand-computed values.
+
+    Tag 0 (general): positives score .9 .8 .3, negatives .7 .2 .1: for thresholds in (0.3, 0.7]
+    two of three positives and one of three negatives pass, so P = R = 2/3 there and below 0.3
+    recall is 1 with precision 3/4. Tag 1 (character): positives .95 .6, negatives .5 .45 .05 .04:
+    P = R = 1 on (0.5, 0.6]. Tag 2 has no positive and stays out of every macro figure.
+    """
+    scores = np.array([[.9, .8, .3, .7, .2, .1], [.95, .6, .5, .45, .05, .04], [.9, .1, .1, .1, .1, .1]]).T
+    labels = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]).T
+    metrics = ValidationMetrics(3, categories={"general": [0, 2], "character": [1]})
+    metrics.update(scores, labels)
+    result = metrics.result()
+    # The lowest bin edge where precision reaches recall.
+    assert result["general_pr_threshold"] == pytest.approx(0.301)
+    assert result["general_pr_precision"] == result["general_pr_recall"] == pytest.approx(2 / 3)
+    assert result["general_pr_f1"] == pytest.approx(2 / 3)
+    assert result["general_pr_tags"] == 1
+    assert result["character_pr_threshold"] == pytest.approx(0.501)
+    assert result["character_pr_f1"] == 1.0
+    # Both tags together: macro P = macro R = (2/3 + 1) / 2 first at 0.501.
+    assert result["pr_threshold"] == pytest.approx(0.501)
+    assert result["pr_precision"] == result["pr_recall"] == pytest.approx(5 / 6)
+    # At 0.4: tag 0 tp 2 fp 1 fn 1 tn 2 (MCC 3/9); tag 1 tp 2 fp 2 fn 0 tn 2 (MCC 4/8); F1 2/3 each.
+    assert result["general_macro_f1_040"] == pytest.approx(2 / 3)
+    assert result["general_macro_mcc_040"] == pytest.approx(1 / 3)
+    assert result["character_macro_mcc_040"] == pytest.approx(0.5)
+    assert result["macro_f1_040"] == pytest.approx(2 / 3)
+    assert result["macro_mcc_040"] == pytest.approx((1 / 3 + 0.5) / 2)
+    # Without categories only the overall figures appear; they do not depend on the categories.
+    plain = ValidationMetrics(3)
+    plain.update(scores, labels)
+    plain_result = plain.result()
+    assert not any(key.startswith(("general_", "character_")) for key in plain_result)
+    assert plain_result["pr_threshold"] == result["pr_threshold"]
+
+
+def test_equal_point_bisection():
+    from deepdanbooru.training.thresholds import equal_point
+
+    recall = np.linspace(1.0, 0.0, 11)
+    assert equal_point(np.full(11, 0.5), recall) == 5
+    assert equal_point(np.full(11, 0.44), recall) == 6  # 0.4 is nearer 0.44 than 0.5 is
+    assert equal_point(np.ones(11), recall) == 0  # precision already at recall at threshold 0
+    assert equal_point(np.zeros(11), recall + 1) == 10  # never meets: the top of the range

@@ -20,7 +20,8 @@ from deepdanbooru.project.tags import tags_hash
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
-PROJECT_CHECKS = ["config", "tags", "model", "database", "eligible", "md5", "images", "labels", "split", "checkpoint", "lock"]
+PROJECT_CHECKS = ["config", "tags", "model", "database", "eligible", "md5", "images", "labels", "duplicates",
+                  "split", "checkpoint", "lock"]
 
 
 def statuses(results):

@@ -43,6 +43,12 @@ class Recorder(Monitor):
         self.exports.append((path.name, kind))
 
 
+def read_config_database(project):
+    import json
+
+    return json.loads((project / "project.json").read_text())["database_path"]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, sample_dataset):
     """One uninterrupted two-epoch run, shared read-only: (project, console lines)."""
@@ -60,6 +66,11 @@ def test_two_epochs_write_exports_and_at_most_three_checkpoints(trained):
     assert checkpoint_prefixes(project) == ["ckpt-4", "ckpt-5", "ckpt-6"]
     state = read_state(project)
     assert state["checkpoint"] == "ckpt-6" and state["complete"] is True
+    from deepdanbooru.dataset.records import load_records
+    from deepdanbooru.training.split import records_hash
+
+    # What a resume compares to keep a started run's split (training.split.split_for_run).
+    assert state["records_hash"] == records_hash(load_records(read_config_database(project), 1))
     # 24 records, batch 4: 6 steps an epoch (slices of 8, 8, 8 records = 2 full batches each).
     assert (state["used_epoch"], state["used_minibatch"], state["used_sample"], state["offset"],
             state["random_seed"]) == (2, 12, 48, 0, 2)

@@ -59,7 +59,9 @@ def test_validation_schedule_console_and_history(validated):
     assert lines[-2] == "Training complete: 2 epoch(s), 10 steps, 40 samples"
     assert lines[-1] == (f"Final validation (step 10, 4 records): micro-F1 {last['micro_f1']:.4f}, "
                          f"macro-F1 {last['macro_f1']:.4f}, mAP {last['map']:.4f}, loss {last['loss']:.4f}, "
-                         f"MCC {last['mcc']:.4f} at threshold 0.5")
+                         f"MCC {last['mcc']:.4f} at threshold 0.5; P=R at {last['pr_threshold']:g} "
+                         f"(F1 {last['pr_f1']:.4f}), macro-F1 {last['macro_f1_040']:.4f} and "
+                         f"macro-MCC {last['macro_mcc_040']:.4f} at 0.4")
 
 
 def test_every_export_has_thresholds_and_metrics(validated, sample_dataset):
@@ -197,6 +199,11 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     assert final["records"] == 4 and final["skipped"] == 0 and final["split"] == "validation"
     assert final["model"].endswith(f"{MODEL}.keras")
     assert final["metrics"] == json.loads((project / f"{MODEL}.metrics.json").read_text())["metrics"]
+    # The published figures (docs/metrics.md) are in both; no categories.json here, so no per-category ones.
+    published = ("pr_threshold", "pr_precision", "pr_recall", "pr_f1", "macro_f1_040", "macro_mcc_040")
+    assert all(isinstance(final["metrics"][key], float) for key in published)
+    assert 0.0 <= final["metrics"]["pr_threshold"] <= 1.0
+    assert not any(key.startswith(("general_", "character_")) for key in final["metrics"])
     best = metrics_of("--model-path", str(project / f"{MODEL}.best.keras"))
     assert best["metrics"] == json.loads((project / f"{MODEL}.best.json").read_text())["metrics"]
     assert (final["model_kind"], best["model_kind"]) == ("the project's final export",
@@ -210,6 +217,7 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     assert text.output.splitlines()[0] == f"Model: {project / MODEL}.keras (the project's final export)"
     rows = dict(line.split(None, 1) for line in text.output.splitlines()[2:])
     assert rows["micro_f1"] == f"{final['metrics']['micro_f1']:.4f}" and rows["samples"] == "4"
+    assert rows["pr_threshold"] == f"{final['metrics']['pr_threshold']:.4f}"
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepdanbooru.dataset.records import (
+    IMAGES_DIR,
     REQUIRED_COLUMNS,
     check_md5,
     check_posts_table,
@@ -126,12 +127,14 @@ def _fsync(path) -> None:
 
 def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_ID, use_deleted: bool = False,
                            chunk_size: int = DEFAULT_CHUNK_SIZE, overwrite: bool = False, vacuum: bool = False,
-                           echo=print, progress=_stderr) -> CopySummary:
+                           echo=print, progress=_stderr, group_duplicates: bool = False) -> CopySummary:
     """Copy posts with start_id <= id <= end_id from SOURCE into a new OUTPUT database.
 
     The output is built in a temporary file beside OUTPUT and renamed into place
     at the end, so a failed or interrupted run leaves no half database (and an
-    old OUTPUT untouched).
+    old OUTPUT untouched). group_duplicates: identical and near-identical
+    pictures share a split_id (dataset/duplicates.py), read from the images
+    folder beside OUTPUT, else beside SOURCE.
     """
     source, output = Path(source), Path(output)
     end_id = min(end_id, MAX_ID)
@@ -173,6 +176,8 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
         try:
             summary = _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted,
                             chunk_size, total, vacuum, progress)
+            if group_duplicates:
+                _group(temporary, output, source, echo, progress)
             _fsync(temporary)
             os.replace(temporary, output)
         except BaseException:
@@ -192,6 +197,24 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
         unknown = f"; {summary.unknown_rating} without a g/s/q/e rating" if summary.unknown_rating else ""
         echo(f"Rating tags: {counts or 'none'}{unknown}")
     return summary
+
+
+def _group(temporary, output, source, echo, progress) -> None:
+    from deepdanbooru.dataset import duplicates
+
+    folders = [Path(output).parent / IMAGES_DIR, Path(source).parent / IMAGES_DIR]
+    images = next((folder for folder in folders if folder.is_dir()), None)
+    if images is None:
+        raise DatasetError(file_field(folders[0], None, "--group-duplicates reads the images: no images folder "
+                                      f"beside OUTPUT or beside SOURCE ({folders[1]})"))
+    progress(f"grouping duplicates: reading the images in {images} ...")
+    target = sqlite3.connect(temporary)
+    try:
+        summary = duplicates.group_duplicates(target, images)
+        target.commit()
+    finally:
+        target.close()
+    echo(duplicates.describe(summary))
 
 
 def _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted, chunk_size, total,

@@ -24,6 +24,7 @@ from pathlib import Path
 from deepdanbooru import __version__
 from deepdanbooru.dataset.build import SYSTEM_TAGS
 from deepdanbooru.errors import NetworkError, UserError, file_field
+from deepdanbooru.project.categories import CATEGORIES_FILE  # DeepDanbooru's format, read back there
 from deepdanbooru.project.create import write_text_atomic
 
 DEFAULT_BASE_URL = "https://danbooru.donmai.us"
@@ -47,7 +48,6 @@ CATEGORIES = (
 )
 ALL_TAGS_FILE = "tags.txt"
 LOG_FILE = "download-tags.log"
-CATEGORIES_FILE = "categories.json"  # read by DeepDanbooru's web demo: where each category starts in tags.txt
 OUTPUT_FILES = tuple(c.file_name for c in CATEGORIES) + (ALL_TAGS_FILE, CATEGORIES_FILE, LOG_FILE)
 # Danbooru shows the posts of these tags only to paid accounts, so their images cannot be downloaded for
 # training; DeepDanbooru's download-tags leaves them out for that reason (--include-paid-tags keeps them).

@@ -11,6 +11,9 @@ from pathlib import Path
 from deepdanbooru.errors import DatasetError, file_field
 
 REQUIRED_COLUMNS = ("id", "md5", "file_ext", "tag_string", "tag_count_general")
+# Optional: the id that decides a post's side of the validation split instead of its own (NULL: its own).
+# make-training-database / import-images --group-duplicates give every copy of a picture the same one.
+SPLIT_COLUMN = "split_id"
 IMAGES_DIR = "images"
 
 
@@ -23,6 +26,7 @@ class Records:
     md5s: list[str]
     file_exts: list[str]  # interned: a handful of distinct strings
     tag_strings: list[str]
+    split_ids: array | None = None  # int64 split keys parallel to ids; None: each post's own id
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -46,7 +50,13 @@ class Records:
             [self.md5s[i] for i in indices],
             [self.file_exts[i] for i in indices],
             [self.tag_strings[i] for i in indices],
+            None if self.split_ids is None else array("q", (self.split_ids[i] for i in indices)),
         )
+
+    @property
+    def split_keys(self):
+        """What training.split hashes: the split ids where the database has them, else the post ids."""
+        return self.ids if self.split_ids is None else self.split_ids
 
 
 def image_path(images_dir, md5: str, ext: str) -> str:
@@ -119,6 +129,20 @@ def iter_eligible(connection, source, minimum_tag_count: int, extensions, limit:
         yield row_id, md5, ext, tag_string
 
 
+def split_keys(connection, source=None) -> dict[int, int]:
+    """{post id: split id} for rows whose split_id is set; {} when the column does not exist."""
+    present = {row[1] for row in connection.execute("PRAGMA table_info(posts)")}
+    if SPLIT_COLUMN not in present:
+        return {}
+    keys = {}
+    for row_id, key in connection.execute(f"SELECT id, {SPLIT_COLUMN} FROM posts WHERE {SPLIT_COLUMN} IS NOT NULL"):
+        if not isinstance(key, int):
+            raise DatasetError(file_field(source, f"posts row id {row_id}",
+                                          f"{SPLIT_COLUMN} {key!r} is not an integer"))
+        keys[row_id] = key
+    return keys
+
+
 def load_records(database_path, minimum_tag_count: int, extensions=("png", "jpg", "jpeg")) -> Records:
     """All eligible posts, id ascending. Raises DatasetError naming file and table/column/row."""
     database_path = Path(database_path)
@@ -137,8 +161,10 @@ def load_records(database_path, minimum_tag_count: int, extensions=("png", "jpg"
                 md5s.append(md5)
                 exts.append(sys.intern(ext))
                 tag_strings.append(tag_string)
+            keys = split_keys(connection, database_path)
         except sqlite3.DatabaseError as error:
             raise DatasetError(file_field(database_path, "posts", f"cannot be read: {error}")) from None
     finally:
         connection.close()
-    return Records(database_path, ids, md5s, exts, tag_strings)
+    split_ids = array("q", (keys.get(row_id, row_id) for row_id in ids)) if keys else None
+    return Records(database_path, ids, md5s, exts, tag_strings, split_ids)

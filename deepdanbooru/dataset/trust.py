@@ -18,26 +18,6 @@ from deepdanbooru.wording import plural
 MIN_VALIDATION_POSTS = 50
 MIN_TRAIN_POSITIVES = 5
 
-_MASK = 0xFFFFFFFFFFFFFFFF
-_SCALE = float(1 << 53)  # the top 53 bits of the hash as a float in [0, 1), as split.py takes them
-
-
-def _splitmix64(value: int) -> int:
-    value = (value + 0x9E3779B97F4A7C15) & _MASK
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
-    return value ^ (value >> 31)
-
-
-def validation_rule(validation_fraction: float, seed: int):
-    """training/split.py's rule as a function of one post id, without numpy (tests keep the two equal)."""
-    key = _splitmix64(seed & _MASK)  # the same for every id: hashed once
-
-    def is_validation(post_id: int) -> bool:
-        return validation_fraction > 0 and (_splitmix64(key ^ (post_id & _MASK)) >> 11) / _SCALE < validation_fraction
-
-    return is_validation
-
 
 @dataclass(frozen=True)
 class SplitStats:

@@ -113,7 +113,7 @@ def _quiet():
         yield
 
 
-def _float32_model(model):
+def float32_model(model):
     """A float32 copy of a mixed-precision model: converters and runtimes do float32 best."""
     if all(getattr(layer.dtype_policy, "compute_dtype", "float32") == "float32" for layer in model.layers):
         return model
@@ -173,10 +173,14 @@ def onnx_available() -> bool:
     return True
 
 
-def to_onnx(model) -> bytes:
+def require_onnx(what: str = "--format onnx") -> None:
     if not onnx_available():
-        raise ModelError("--format onnx needs the optional packages tf2onnx and onnxruntime: "
+        raise ModelError(f"{what} needs the optional packages tf2onnx and onnxruntime: "
                          "pip install 'deepdanbooru[onnx]'")
+
+
+def to_onnx(model) -> bytes:
+    require_onnx()
     import tensorflow as tf
     import tf2onnx
 
@@ -184,6 +188,21 @@ def to_onnx(model) -> bytes:
     signature = (tf.TensorSpec((None, height, width, channels), tf.float32, name="image"),)
     with _quiet():
         proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=ONNX_OPSET)
+    return proto.SerializeToString()
+
+
+def function_to_onnx(function, signature, output_names=None) -> bytes:
+    """A tf.function (a model plus pre- or post-processing around it) as ONNX bytes."""
+    require_onnx()
+    import tf2onnx
+
+    with _quiet():
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=ONNX_OPSET)
+    # tf2onnx names outputs after graph tensors ("Identity:0"); some consumers look them up by name.
+    for output, name in zip(proto.graph.output, output_names or ()):
+        for node in proto.graph.node:
+            node.output[:] = [name if value == output.name else value for value in node.output]
+        output.name = name
     return proto.SerializeToString()
 
 
@@ -215,7 +234,7 @@ def convert_model(model, save_path, output_format="tflite", optimize_default=Fal
     shape = model.input_shape
     if len(shape) != 4 or None in shape[1:]:
         raise ModelError(f"the model's input shape {shape} is not (batch, height, width, channels) with a fixed size")
-    model = _float32_model(model)
+    model = float32_model(model)
     if images is None:
         images = sample_inputs(shape[1], shape[2])
     images = np.asarray(images, dtype=np.float32)
@@ -228,17 +247,23 @@ def convert_model(model, save_path, output_format="tflite", optimize_default=Fal
         content = to_onnx(model)
         actual = run_onnx(content, images)
 
+    difference = compare_outputs(expected, actual, tolerance, save_path)
+    write_bytes_atomic(save_path, content)
+    return ConversionReport(save_path, output_format, len(content), difference, tolerance, len(images))
+
+
+def compare_outputs(expected: np.ndarray, actual: np.ndarray, tolerance: float, save_path) -> float:
+    """The largest absolute difference, or ConversionMismatch when shapes differ or it passes `tolerance`."""
     if actual.shape != expected.shape:
         raise ConversionMismatch(f"the converted model answers with shape {actual.shape}, Keras with "
                                  f"{expected.shape}; nothing written to {save_path}")
     difference = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
     if not np.isfinite(difference) or difference > tolerance:
         raise ConversionMismatch(
-            f"the converted model differs from Keras by up to {difference:.3g} on {len(images)} sample inputs, "
+            f"the converted model differs from Keras by up to {difference:.3g} on {len(expected)} sample inputs, "
             f"more than the tolerance {tolerance:g}; nothing written to {save_path} "
             "(raise --tolerance to accept it)")
-    write_bytes_atomic(save_path, content)
-    return ConversionReport(save_path, output_format, len(content), difference, tolerance, len(images))
+    return difference
 
 
 def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_default=False,

@@ -17,6 +17,7 @@ import click
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.errors import ConfigError, DatasetError, ModelError, UserError, file_field
 from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.tags import load_tags
 
@@ -25,7 +26,8 @@ SPLITS = ("validation", "all")
 # Printed first, in this order; the remaining scalars follow.
 _LEAD = ("loss", "micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall", "macro_f1",
          "map", "mcc", "global_threshold", "global_threshold_precision", "global_threshold_recall",
-         "global_threshold_f1", "calibrated_tags", "calibrated_macro_f1")
+         "global_threshold_f1", "calibrated_tags", "calibrated_macro_f1", "pr_threshold", "pr_f1",
+         "macro_f1_040", "macro_mcc_040")
 
 
 @dataclass
@@ -47,7 +49,8 @@ def _echo_err(message: str) -> None:
 
 def select_records(config, split: str, start_id: int | None = None, end_id: int | None = None) -> Records:
     """The project's eligible records of `split`, limited to start_id <= id <= end_id."""
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.project.paths import ProjectPaths
+    from deepdanbooru.training.split import saved_run_state, split_for_run
 
     if split not in SPLITS:
         raise UserError(f"--split: must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -61,7 +64,9 @@ def select_records(config, split: str, start_id: int | None = None, end_id: int 
                 config.config_path, "validation_fraction",
                 "is 0, so the project has no validation split; use --split all (with --start-id/--end-id "
                 "to pick records), or set the fraction the model was trained with"))
-        _, records = split_records(records, config.validation_fraction, config.seed)
+        # The trainer's split, also for a run that keeps its split by post id.
+        _, records, _ = split_for_run(records, config.validation_fraction, config.seed,
+                                      saved_run_state(ProjectPaths(config.project_dir).checkpoints))
     low = start_id if start_id is not None else -(1 << 63)
     high = end_id if end_id is not None else (1 << 63) - 1
     chosen = [index for index, post_id in enumerate(records.ids) if low <= post_id <= high]
@@ -110,7 +115,8 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     seen = set()
     try:
         metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold,
-                          observe=lambda positions: seen.update(int(p) for p in positions))
+                          observe=lambda positions: seen.update(int(p) for p in positions),
+                          categories=category_indices(tag_categories(tags, config.project_dir)))
     except ValueError as error:
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None
     summary = MetricsSummary(model=files.model, split=split, records=len(paths), result=metrics.result())

@@ -17,8 +17,8 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-from deepdanbooru.dataset import records
-from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, split_stats, trust_warning, validation_rule
+from deepdanbooru.dataset import duplicates, records
+from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, split_stats, trust_warning
 from deepdanbooru.errors import UserError
 from deepdanbooru.models import table
 from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
@@ -41,9 +41,12 @@ class _Skip(Exception):
 class Run:
     """What the checks learn and share; filled in check by check."""
 
-    def __init__(self, project, max_image_checks: int = DEFAULT_MAX_IMAGE_CHECKS):
+    def __init__(self, project, max_image_checks: int = DEFAULT_MAX_IMAGE_CHECKS, check_duplicates: bool = False,
+                 max_distance: int = duplicates.DEFAULT_MAX_DISTANCE):
         self.paths = ProjectPaths(project)
         self.max_image_checks = max_image_checks
+        self.check_duplicates = check_duplicates  # read every eligible image (file MD5 and dHash)
+        self.max_distance = max_distance
         self.config = None
         self.tags = None
         self.connection: sqlite3.Connection | None = None
@@ -271,9 +274,10 @@ def check_split(run: Run):
     sql, _ = records.eligible_query(config.image_extensions)
     sql = sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT id, tag_string").replace(" ORDER BY id", "")
     rows = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count))
-    is_validation = validation_rule(config.validation_fraction, config.seed)
-    stats = split_stats(((is_validation(row_id), tag_string or "") for row_id, tag_string in rows
-                         if isinstance(row_id, int)), tags)
+    split_keys = records.split_keys(connection, config.database_path)  # posts.split_id, where set
+    fraction, seed = config.validation_fraction, config.seed
+    stats = split_stats(((duplicates.in_validation(split_keys.get(row_id, row_id), fraction, seed), tag_string or "")
+                         for row_id, tag_string in rows if isinstance(row_id, int)), tags)
     warning = trust_warning(stats, config.validation_fraction, config.config_path)
     detail = (f"{stats.train_posts:,} training and {stats.validation_posts:,} validation posts "
               f"(validation_fraction {config.validation_fraction:g})")
@@ -399,6 +403,61 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def check_duplicates(run: Run):
+    """Identical (and with --check-duplicates near-identical) images on both sides of the split."""
+    config = run.need("config")
+    connection = run.need("connection")
+    if not run.eligible:
+        raise _Skip("no eligible posts")
+    if config.validation_fraction <= 0:
+        return PASS, "validation_fraction is 0: no validation split for duplicates to leak into"
+    sql, _ = records.eligible_query(config.image_extensions)
+    parameters = (*config.image_extensions, config.minimum_tag_count)
+    if not run.check_duplicates:
+        # Only the rows sharing a file, found by SQLite: the split of a million posts costs seconds in Python.
+        where = sql[sql.index(" WHERE ") + 7:sql.index(" ORDER BY")]
+        sql = sql.replace(" ORDER BY", f" AND (md5, file_ext) IN (SELECT md5, file_ext FROM posts WHERE {where} "
+                                       "GROUP BY md5, file_ext HAVING COUNT(*) > 1) ORDER BY")
+        parameters = parameters * 2
+    rows = connection.execute(sql, parameters).fetchall()
+    split_keys = records.split_keys(connection, config.database_path)
+    side = {row_id: duplicates.in_validation(split_keys.get(row_id, row_id), config.validation_fraction, config.seed)
+            for row_id, *_ in rows}
+    validation_total = sum(side.values()) if run.check_duplicates else None
+    images = config.require_database().parent / records.IMAGES_DIR
+    content = {row_id: (md5, ext) for row_id, md5, ext, _ in rows}  # rows naming one file are identical
+    near: set = set()
+    hashed = run.check_duplicates and duplicates.pillow_available()
+    if not run.check_duplicates:
+        note = ("; only rows naming the same file were compared: --check-duplicates reads every image "
+                "for identical files and near-identical pictures")
+    else:
+        note = "" if hashed else "; Pillow is not installed, so near-identical images were not looked for"
+        digests, hashes, unread = {}, {}, 0
+        for row_id, md5, ext, _ in rows:
+            path = records.image_path(images, md5, ext)
+            try:
+                digests[row_id] = duplicates.file_md5(path)
+                if hashed:
+                    hashes[row_id] = duplicates.dhash(path)
+            except (OSError, ValueError, SyntaxError):  # what Pillow raises for a broken image
+                unread += 1
+        content.update(digests)
+        near = duplicates.near_pairs(hashes, run.max_distance)
+        if unread:
+            note += f"; {unread:,} image(s) could not be read (see the images check)"
+    report = duplicates.crossing(duplicates.identical_pairs(content), near, side.__getitem__, hashed)
+    what = f"identical or near-identical (dHash within {run.max_distance} bits)" if report.hashed else "identical"
+    of_total = "" if validation_total is None else f" of {validation_total:,}"
+    if not report.pairs:
+        checked = "" if validation_total is None else f" ({validation_total:,} validation posts)"
+        return PASS, f"no {what} images on both sides of the split{checked}{note}"
+    return WARN, (f"{report.pairs:,} pair(s) of {what} images cross the split ({report.identical:,} identical, "
+                  f"{report.near:,} near-identical): {report.validation_images:,}{of_total} "
+                  "validation posts have a copy in training, so validation figures are optimistic; a new dataset "
+                  "can keep them on one side (--group-duplicates, docs/datasets.md)" + note)
+
+
 PROJECT_CHECKS = (
     ("config", check_config),
     ("tags", check_tags),
@@ -408,6 +467,7 @@ PROJECT_CHECKS = (
     ("md5", check_md5),
     ("images", check_images),
     ("labels", check_labels),
+    ("duplicates", check_duplicates),
     ("split", check_split),
     ("checkpoint", check_checkpoint),
     ("lock", check_lock),

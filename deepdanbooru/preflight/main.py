@@ -16,9 +16,10 @@ def training_preflight(
     check_packages: bool = False,
     probe_imports: bool = False,
     probe_tensorflow: bool = False,
+    check_duplicates: bool = False,
 ):
     """Every check of SPEC section 6 that the options ask for; a list of CheckResult. Writes nothing."""
-    run = checks.Run(project, max_image_checks)
+    run = checks.Run(project, max_image_checks, check_duplicates=check_duplicates)
     try:
         results = checks.run_checks(run, checks.PROJECT_CHECKS)
     finally:
@@ -95,10 +96,13 @@ def training_preflight_main(argv=None) -> int:
                         help="import each runtime package in a child process and report its version")
     parser.add_argument("--probe-tensorflow", action="store_true",
                         help="run TensorFlow in a child process: compute on the CPU, decode the sampled images")
+    parser.add_argument("--check-duplicates", action="store_true",
+                        help="read every eligible image: identical files and near-identical pictures (dHash, "
+                             "needs Pillow) on both sides of the validation split")
     _add_format(parser)
     arguments = _parse(parser, argv)
     results = training_preflight(arguments.project, arguments.max_image_checks, arguments.check_packages,
-                                 arguments.probe_imports, arguments.probe_tensorflow)
+                                 arguments.probe_imports, arguments.probe_tensorflow, arguments.check_duplicates)
     return report(arguments.project, results, arguments.format == "json")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
 from deepdanbooru.errors import DatasetError, UserError, file_field
@@ -202,9 +203,11 @@ def _open_existing(database: Path):
 
 
 def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSIONS, echo=print,
-                  warn=print, project=None) -> ImportSummary:
+                  warn=print, group_duplicates: bool = False, project=None) -> ImportSummary:
     """Import every image under SRC that has tags into DATASET; returns what was done and skipped.
 
+    group_duplicates (a new dataset only): near-identical pictures share a
+    split_id, so they land on one side of the validation split.
     project: the project the dataset is for, so the closing advice gives database_path as project.json
     resolves it (relative to the project folder).
     """
@@ -221,6 +224,9 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
         raise DatasetError(file_field(src, None, f"no image files ({', '.join(extensions)}) found"))
 
     existing = database.exists()
+    if existing and group_duplicates:
+        raise DatasetError(file_field(database, None, "exists: --group-duplicates applies to a new dataset only "
+                                      "(posts already there keep their side of the split)"))
     if existing:
         connection, columns, known, max_id = _open_existing(database)
     else:
@@ -244,6 +250,8 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
         marks = ", ".join("?" for _ in columns)
         try:
             connection.executemany(f"INSERT INTO posts ({', '.join(columns)}) VALUES ({marks})", values)
+            if group_duplicates:
+                grouped = duplicates.group_duplicates(connection, dataset / IMAGES_DIR)
             connection.commit()
         except sqlite3.DatabaseError as error:
             raise DatasetError(file_field(database, "posts", f"cannot be written: {error}")) from None
@@ -262,6 +270,8 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
                     os.unlink(path)
         placer.undo()
         raise
+    if group_duplicates:
+        echo(duplicates.describe(grouped))
     _report(summary, dataset, echo, warn, project)
     return summary
 

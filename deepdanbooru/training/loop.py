@@ -17,7 +17,6 @@ same batches with the same augmentation as a run that never stopped.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -42,6 +41,7 @@ from deepdanbooru.training.state import (
     read_checkpoint_state,
     write_state_json,
 )
+from deepdanbooru.training.split import records_hash
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, distribute_slice, setup_fingerprints
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import (
@@ -106,10 +106,6 @@ def _epoch_order(n: int, seed: int, random_seed: int) -> np.ndarray:
     return np.random.default_rng([seed, random_seed]).permutation(n)
 
 
-def _records_hash(records) -> str:
-    return hashlib.sha256(np.asarray(records.ids, dtype=np.int64).tobytes()).hexdigest()[:16]
-
-
 class SliceTrainer:
     """Owns model, optimizer, checkpoint and counters for one train-project run."""
 
@@ -133,7 +129,7 @@ class SliceTrainer:
         self.policy = choose_policy(self.config.mixed_precision, plan.force_mixed_precision, echo)
         self.identity = RunIdentity(self.config.model, self.config.image_height, self.config.image_width,
                                     tags_hash(plan.tags), len(plan.tags))
-        self.records_hash = _records_hash(self.train)
+        self.records_hash = records_hash(self.train)
 
         self.latest = tf.train.latest_checkpoint(str(self.paths.checkpoints))
         if self.latest:
@@ -332,7 +328,7 @@ class SliceTrainer:
         if not self.role.is_chief:
             return
         write_state_json(self.paths.checkpoints, checkpoint, self.counters, self.identity, complete=complete,
-                         epoch_count=self.config.epoch_count, train_records=self.n)
+                         epoch_count=self.config.epoch_count, train_records=self.n, records_hash=self.records_hash)
 
     def _export(self, path: Path, kind: str) -> None:
         if not self.role.is_chief:

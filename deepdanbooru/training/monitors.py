@@ -253,7 +253,16 @@ def final_validation_line(report: ValidationReport) -> str:
     m = report.result
     return (f"Final validation (step {report.progress.used_minibatch}, {m['samples']} records): "
             f"micro-F1 {m['micro_f1']:.4f}, macro-F1 {m['macro_f1']:.4f}, mAP {m['map']:.4f}, "
-            f"loss {_number(m['loss'])}, MCC {m['mcc']:.4f} at threshold {m['threshold']:g}")
+            f"loss {_number(m['loss'])}, MCC {m['mcc']:.4f} at threshold {m['threshold']:g}; "
+            f"P=R at {m['pr_threshold']:g} (F1 {m['pr_f1']:.4f}), macro-F1 {m['macro_f1_040']:.4f} and "
+            f"macro-MCC {m['macro_mcc_040']:.4f} at 0.4" + _category_figures(m))
+
+
+def _category_figures(m: dict) -> str:
+    parts = [f"{name} P=R at {m[name + '_pr_threshold']:g} (F1 {m[name + '_pr_f1']:.4f}), "
+             f"macro-F1 {m[name + '_macro_f1_040']:.4f} at 0.4"
+             for name in ("general", "character") if f"{name}_pr_threshold" in m]
+    return "".join(f"; {part}" for part in parts)
 
 
 def validation_plan_line(run: RunInfo) -> str:

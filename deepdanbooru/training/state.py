@@ -11,7 +11,8 @@ state.json format (version 1), all keys always present:
      "used_epoch": int, "used_minibatch": int, "used_sample": int, "offset": int,
      "random_seed": int, "epoch_bad_images": int, "complete": bool,
      "model": str, "image_height": int, "image_width": int,
-     "tags_hash": str, "tag_count": int, "epoch_count": int, "train_records": int}
+     "tags_hash": str, "tag_count": int, "epoch_count": int, "train_records": int,
+     "records_hash": str (training.split.records_hash; absent in files written before it existed)}
 """
 
 from __future__ import annotations
@@ -118,11 +119,11 @@ def check_identity(saved: RunIdentity, current: RunIdentity, checkpoint_dir, tag
 
 
 def write_state_json(checkpoint_dir, checkpoint_path: str, counters: Counters, identity: RunIdentity,
-                     *, complete: bool, epoch_count: int, train_records: int) -> Path:
+                     *, complete: bool, epoch_count: int, train_records: int, records_hash: str = "") -> Path:
     path = Path(checkpoint_dir) / STATE_FILE
     data = {"version": STATE_VERSION, "checkpoint": Path(checkpoint_path).name, **asdict(counters),
             "complete": complete, **asdict(identity), "epoch_count": epoch_count,
-            "train_records": train_records}
+            "train_records": train_records, "records_hash": records_hash}
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
     return path
 

@@ -35,7 +35,8 @@ from deepdanbooru.training.monitors import Monitor
 
 TRAIN_TAGS = ("loss", "precision", "recall", "f1", "learning_rate", "samples_per_second")
 # Validation scalars that describe the setup rather than the model: constant within a run.
-NOT_PLOTTED = frozenset({"samples", "tags", "tags_with_positives", "positives", "threshold", "bins", "min_support"})
+NOT_PLOTTED = frozenset({"samples", "tags", "tags_with_positives", "positives", "threshold", "bins", "min_support",
+                         "pr_tags", "general_pr_tags", "character_pr_tags"})
 
 # What tensorboard.summary.scalar attaches: the "scalars" plugin (its data version 0 serialises to no bytes).
 _SCALAR_METADATA = summary_pb2.SummaryMetadata(

@@ -53,6 +53,32 @@ def best_threshold_indices(curves) -> np.ndarray:
     return (low + high) // 2
 
 
+def equal_point(precision, recall) -> int:
+    """Index where an ascending-threshold precision curve meets the recall curve, found by bisection.
+
+    At index 0 (threshold 0) every image is predicted, so recall is 1 and
+    precision the base rate; at the top recall has fallen to (nearly) 0.
+    Bisection keeps precision < recall at `low` and precision >= recall at
+    `high` until they are neighbours, then returns whichever is closer to
+    equality (`high` on a tie). Precision need not rise monotonically, so on
+    a curve that crosses several times this is one of the crossings, the same
+    one for the same curves.
+    """
+    difference = np.asarray(precision, dtype=np.float64) - np.asarray(recall, dtype=np.float64)
+    low, high = 0, len(difference) - 1
+    if difference[low] >= 0:
+        return low
+    if difference[high] < 0:
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if difference[middle] >= 0:
+            high = middle
+        else:
+            low = middle
+    return low if -difference[low] < difference[high] else high
+
+
 def _format_score(value: float) -> str:
     return f"{value:.6f}"
 

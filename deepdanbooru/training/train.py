@@ -37,11 +37,12 @@ class TrainingPlan:
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
     trust_warning: str | None = None  # printed at start and end when the split cannot measure the model
+    split_note: str | None = None  # why a run keeps its split by post id (training.split.split_for_run)
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None) -> TrainingPlan:
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.training.split import saved_run_state, split_for_run
 
     role = cluster_role()
     device_choice = parse_devices(devices)
@@ -61,7 +62,8 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             database, "posts",
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
-    train, validation = split_records(records, config.validation_fraction, config.seed)
+    train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
+                                                  saved_run_state(paths.checkpoints))
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
@@ -69,7 +71,8 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     stats = split_stats(itertools.chain(((False, t) for t in train.tag_strings),
                                         ((True, t) for t in validation.tag_strings)), tags)
     return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision, device_choice,
-                        role, trust_warning(stats, config.validation_fraction, config.config_path))
+                        role, split_note=split_note,
+                        trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -101,6 +104,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
     """
     plan = plan_training(project_dir, source_model, force_mixed_precision, devices)
+    if plan.split_note:
+        echo(plan.split_note)
     _warn_untrusted(plan, echo)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.models import make_loss
+from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.project.resume import resume_point
 from deepdanbooru.pipeline import BadImageTracker, inference_dataset
 from deepdanbooru.training.metrics import ValidationMetrics, write_metrics_json, write_thresholds_csv
@@ -45,9 +46,12 @@ class BatchScorer:
         return scores.numpy(), float(loss_sum.numpy())
 
 
-def measure(scorer: BatchScorer, dataset, threshold: float, observe=None) -> ValidationMetrics:
-    """Feed every labelled batch of `dataset` to a fresh ValidationMetrics; observe(positions) per batch."""
-    metrics = ValidationMetrics(scorer.n_tags, threshold=threshold)
+def measure(scorer: BatchScorer, dataset, threshold: float, observe=None, categories=None) -> ValidationMetrics:
+    """Feed every labelled batch of `dataset` to a fresh ValidationMetrics; observe(positions) per batch.
+
+    categories: {"general": [tag indices], ...} (project.categories.category_indices) for per-category figures.
+    """
+    metrics = ValidationMetrics(scorer.n_tags, threshold=threshold, categories=categories)
     for batch in dataset:
         labels = batch["label"]
         scores, loss_sum = scorer(batch["image"], labels)
@@ -69,6 +73,7 @@ class Validator:
             self.paths, height=config.image_height, width=config.image_width, batch_size=config.minibatch_size,
             max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags))
         self.scorer = BatchScorer(model, config.loss, config.image_height, config.image_width)
+        self.categories = category_indices(tag_categories(list(tags), config.project_dir))
         self.latest: ValidationReport | None = None
         self._logged_bad = False
 
@@ -82,7 +87,8 @@ class Validator:
         started = time.monotonic()
         seen: list[np.ndarray] = []
         try:
-            metrics = measure(self.scorer, self.dataset, self.config.validation_threshold, seen.append)
+            metrics = measure(self.scorer, self.dataset, self.config.validation_threshold, seen.append,
+                              self.categories)
         except ValueError as error:
             # ValidationMetrics refuses NaN / out-of-range scores: the weights went bad without the loss showing it.
             raise TrainingError(file_field(

@@ -441,7 +441,7 @@ def test_script_lines_json_and_exit_codes(project):
     assert good.returncode == 0, good.stdout + good.stderr
     lines = good.stdout.splitlines()
     assert [line.split()[1] for line in lines[:-1]] == PROJECT_CHECKS
-    assert all(line.startswith("WARN  " if " split " in line else "PASS  ") for line in lines[:-1])
+    assert all(line.startswith("WARN  " if line.split()[1] == "split" else "PASS  ") for line in lines[:-1])
     assert lines[-1] == "preflight passed with warnings: split"  # 24 posts: a rare tag
     image_of(project, 1).unlink()
     bad = run_script("training_preflight.py", project, "--format", "json")

@@ -141,7 +141,7 @@ def test_a_tool_gets_the_tags_and_scores_of_evaluate(bundled, sample_dataset, tm
 
     evaluated = run_cli("evaluate", *images, "--project-path", project, "--threshold", "0", "--format", "json")
     assert evaluated.exit_code == 0, evaluated.output
-    for line, scores in zip(evaluated.output.strip().splitlines(), tool_scores):
+    for line, scores in zip(evaluated.stdout.strip().splitlines(), tool_scores):
         ours = json.loads(line)["tags"]
         theirs = dict(zip(names, scores.tolist()))
         assert set(ours) == set(theirs)

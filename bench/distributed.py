@@ -72,11 +72,11 @@ def main() -> None:
         step.bind(batches.element_spec)
         for _ in range(args.warmup):
             step(next(batches))
-        step.counters.step.numpy()
+        step.sums.step.numpy()
         started = time.perf_counter()
         for _ in range(args.steps):
             step(next(batches))
-        step.counters.step.numpy()  # waits for the last step
+        step.sums.step.numpy()  # waits for the last step
         return args.steps * args.batch / (time.perf_counter() - started)
 
     rates = {

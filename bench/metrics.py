@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from deepdanbooru.training.metrics import ValidationMetrics
+from deepdanbooru.scoring.metrics import ValidationMetrics
 
 
 class _AddAtMetrics(ValidationMetrics):

@@ -17,7 +17,7 @@ threshold_counts on a [batch, tags] score matrix, repeated 200 times inside
 one graph (so no per-call overhead counts; each repetition also perturbs the
 scores once, so the figure is an upper bound), as a share of the step.
 
-Also: validation throughput (training.validation.BatchScorer plus
+Also: validation throughput (scoring.scorer.BatchScorer plus
 ValidationMetrics.update on the host, i.e. everything after decoding) against
 the training step's.
 
@@ -71,8 +71,8 @@ def _batch(size, batch, n_tags):
 def measure_tags(args, n_tags: int) -> dict:
     import tensorflow as tf
 
-    from deepdanbooru.training.metrics import ValidationMetrics
-    from deepdanbooru.training.validation import BatchScorer
+    from deepdanbooru.scoring.metrics import ValidationMetrics
+    from deepdanbooru.scoring.scorer import BatchScorer
 
     element = _batch(args.size, args.batch, n_tags)
     strategy = tf.distribute.get_strategy()
@@ -85,7 +85,7 @@ def measure_tags(args, n_tags: int) -> dict:
         step.bind(dataset.element_spec)
         for _ in range(2):
             step(next(iterator))
-        step.counters.read_window()
+        step.sums.read_window()
 
     wall = {name: [] for name in variants}
     cpu = {name: [] for name in variants}
@@ -97,8 +97,8 @@ def measure_tags(args, n_tags: int) -> dict:
             for _ in range(args.steps):
                 step(next(iterator))
                 if name == "sync":
-                    float(step.counters.loss_sum.numpy())
-            step.counters.read_window()  # waits for the last step
+                    float(step.sums.loss_sum.numpy())
+            step.sums.read_window()  # waits for the last step
             wall[name].append((time.perf_counter() - begin) / args.steps)
             cpu[name].append((time.process_time() - begin_cpu) / args.steps)
 

@@ -113,11 +113,12 @@ def bound_dataset(paths, size: int, batch: int):
 
 
 def pipeline_dataset(paths, tag_strings, tags, size: int, batch: int, dct_scaling: bool = True):
-    from deepdanbooru.pipeline import training_dataset
+    from deepdanbooru.pipeline import Augmentation, TrainingInput, training_dataset
 
-    return training_dataset(paths, tag_strings, tags, height=size, width=size, **DEFAULT_AUGMENTATION,
-                            seed=0, random_seed=0, start_position=0, batch_size=batch,
-                            max_image_pixels=89_478_485, jpeg_dct_scaling=dct_scaling)
+    options = TrainingInput(size, size, Augmentation(**DEFAULT_AUGMENTATION), seed=0, batch_size=batch,
+                            max_image_pixels=89_478_485)
+    return training_dataset(paths, tag_strings, tags, options, random_seed=0, start_position=0,
+                            jpeg_dct_scaling=dct_scaling)
 
 
 def timed_pass(make_dataset, log_dir: Path, paths, max_image_pixels=89_478_485) -> tuple[float, float]:

@@ -70,12 +70,12 @@ iterator = iter(distributed)
 warmup = 3
 for _ in range(warmup):
     step(next(iterator))
-step.counters.read_window()  # waits for the warm-up steps
+step.sums.read_window()  # waits for the warm-up steps
 steps = max(1, samples // batch)
 begin = time.monotonic()
 for _ in range(steps):
     step(next(iterator))
-done = step.counters.read_window()
+done = step.sums.read_window()
 end = time.monotonic()
 assert int(done["samples"]) == steps * batch
 print(json.dumps({"steady_samples_per_second": steps * batch / (end - begin),

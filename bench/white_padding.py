@@ -68,7 +68,7 @@ def main() -> None:
     from deepdanbooru.pipeline import preprocess_for_inference
     from deepdanbooru.project.config import load_config
     from deepdanbooru.project.tags import load_tags
-    from deepdanbooru.training.metrics import ValidationMetrics
+    from deepdanbooru.scoring.metrics import ValidationMetrics
 
     config = load_config(arguments.project)
     tags = load_tags(config.project_dir / "tags.txt")

@@ -2,8 +2,8 @@
 
 Each command parses its options and calls one function of a room, imported
 inside the command so that `deepdanbooru --help`, create-project and preflight
-never import TensorFlow. User errors become one stderr line and exit code 2
-here, and only here.
+never import TensorFlow. User errors become one stderr line and their exit
+code (exitcodes.py) here, and only here.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import warnings
 
 import click
 
-from deepdanbooru import __version__
+from deepdanbooru import __version__, exitcodes
 from deepdanbooru.cli_vocabulary import PositionalAlias, VocabularyGroup, alias
 from deepdanbooru.errors import UserError
+from deepdanbooru.formats import IMAGE_FORMATS
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
+from deepdanbooru.preflight.options import PREFLIGHT_OPTIONS
+from deepdanbooru.project.recipes import DEFAULT_RECIPE, RECIPES
 from deepdanbooru.tfimport import install_quiet_import
 
 
@@ -36,7 +39,7 @@ class _Group(VocabularyGroup):
         except KeyboardInterrupt as interrupt:
             # errors.Interrupted carries where the command stopped; a bare Ctrl-C has nothing to add.
             click.echo(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", err=True)
-            ctx.exit(130)
+            ctx.exit(exitcodes.INTERRUPTED)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -63,11 +66,14 @@ def main(ctx, debug):
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
 @click.option("--overwrite", is_flag=True, help="Replace an existing project.json.")
 @alias("--force", "overwrite", value=True)
-def create_project(project_path, overwrite):
-    """Create PROJECT_PATH with a default project.json."""
+@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, type=click.Choice(list(RECIPES)),
+              help="deepdanbooru: DeepDanbooru's defaults; modern: the backbone, loss, optimizer, schedule and "
+                   "augmentation measured best at equal time (docs/quality.md).")
+def create_project(project_path, overwrite, recipe):
+    """Create PROJECT_PATH with a default project.json (or a recipe's)."""
     from deepdanbooru.project.create import create_project as create
 
-    create(project_path, overwrite=overwrite, echo=click.echo)
+    create(project_path, overwrite=overwrite, echo=click.echo, recipe=recipe)
 
 
 @main.command("train-project")
@@ -92,20 +98,28 @@ def train_project(project_path, source_model, force_mixed_precision, devices):
           devices=devices)
 
 
+def _preflight_options(options):
+    """click options from preflight's option table, which the stdlib scripts read too."""
+    def decorate(command):
+        for option in reversed(options):
+            if option.alias:
+                spelling, value = option.alias
+                command = alias(spelling, option.name, value=value)(command)
+            if option.choices:
+                command = click.option(option.flag, option.name, default=option.default, show_default=True,
+                                       type=click.Choice(option.choices), help=option.help)(command)
+            elif option.default is None:
+                command = click.option(option.flag, option.name, is_flag=True, help=option.help)(command)
+            else:
+                command = click.option(option.flag, option.name, default=option.default, show_default=True,
+                                       type=click.IntRange(min=0), metavar="N", help=option.help)(command)
+        return command
+    return decorate
+
+
 @main.command("preflight")
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
-@click.option("--max-image-checks", default=20, show_default=True, type=click.IntRange(min=0), metavar="N",
-              help="Check the first N eligible images by id; 0 checks all.")
-@click.option("--check-packages", is_flag=True, help="Check installed versions of the runtime packages (no import).")
-@click.option("--probe-imports", is_flag=True, help="Import each runtime package in a child process.")
-@click.option("--probe-tensorflow", is_flag=True,
-              help="Run TensorFlow in a child process: compute on the CPU, decode the sampled images.")
-@click.option("--check-duplicates", is_flag=True,
-              help="Read every eligible image: identical files and near-identical pictures (dHash) on both sides "
-                   "of the validation split.")
-@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="text: one line per check; json: one JSON object.")
-@alias("--json", "output_format", value="json")
+@_preflight_options(PREFLIGHT_OPTIONS)
 @click.pass_context
 def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, check_duplicates,
               output_format):
@@ -124,17 +138,20 @@ def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports
 @click.option("--size", default=64, show_default=True, type=click.IntRange(min=16), help="Image side in pixels.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Same seed, same files.")
 @click.option("--format", "image_format", default="jpg", show_default=True,
-              type=click.Choice(["jpg", "png", "webp", "gif", "bmp"]), help="Image file format.")
+              type=click.Choice([f.extension for f in IMAGE_FORMATS]), help="Image file format.")
+@click.option("--preset", default="basic", show_default=True, type=click.Choice(["basic", "hard"]),
+              help="basic: the sample project's 17 tags; hard: 197 long-tailed tags of counts, sizes and "
+                   "relations on textured, noisy backgrounds (docs/sample.md).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing dataset.sqlite and tags.txt (one made with the same options is kept).")
-def make_sample_dataset(directory, count, size, seed, image_format, overwrite):
+def make_sample_dataset(directory, count, size, seed, image_format, preset, overwrite):
     """Write a synthetic DeepDanbooru-layout dataset (SQLite + images + tags.txt) to DIRECTORY."""
     from deepdanbooru.sample.generator import existing_recipe, generate_sample_dataset
 
     before = existing_recipe(directory)
     database, tags = generate_sample_dataset(directory, count=count, size=size, seed=seed,
                                              image_format=image_format, overwrite=overwrite,
-                                             reuse_identical=True)
+                                             reuse_identical=True, preset=preset)
     if not overwrite and before is not None:  # anything but an identical earlier dataset raised above
         click.echo(f"{database} already holds this sample dataset ({count} posts); nothing to do")
     else:
@@ -227,7 +244,7 @@ def import_images(src, dataset, link, extensions, group_duplicates, project_path
     Duplicates (same bytes) and images without tags are skipped and counted;
     unreadable images are reported and skipped.
     """
-    from deepdanbooru.tools.import_images import import_images as run_import
+    from deepdanbooru.dataset.import_images import import_images as run_import
 
     run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
                warn=lambda line: click.echo(line, err=True), project=project_path)
@@ -325,8 +342,7 @@ def _record_options(when: str):
 
 def _exit_if_skipped(summary):
     if summary.skipped:
-        # Exit code 1: the run finished but not every image was tagged (2 is a usage/input error).
-        click.get_current_context().exit(1)
+        click.get_current_context().exit(exitcodes.FAILED)
 
 
 @main.command("evaluate")
@@ -351,13 +367,13 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
     Images that cannot be read are named on stderr and skipped; the exit code
     is then 1 (0: every image tagged; 2: bad options or input).
     """
-    from deepdanbooru.inference.evaluate import evaluate as run_evaluate
+    from deepdanbooru.inference.evaluate import TaggingOptions, evaluate as run_evaluate
 
-    summary = run_evaluate(targets, project_path=project_path, model_path=model_path, tags_path=tags_path,
-                           threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
-                           folder_filters=folder_filters, save_txt=save_txt, allow_gpu=allow_gpu,
-                           compile_model=compile_model, verbose=verbose, output_format=output_format,
-                           batch_size=batch_size, echo=click.echo)
+    options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
+                             folder_filters=folder_filters, save_txt=save_txt, output_format=output_format,
+                             batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose)
+    summary = run_evaluate(targets, options, project_path=project_path, model_path=model_path, tags_path=tags_path,
+                           echo=click.echo)
     _exit_if_skipped(summary)
 
 
@@ -413,11 +429,11 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
         raise click.UsageError(f"{', '.join(misplaced)} can only be used with --metrics")
     if target is None:
         raise click.UsageError("Missing argument 'TARGET' (or pass --metrics to measure the model instead)")
-    from deepdanbooru.inference.evaluate import evaluate as run_evaluate
+    from deepdanbooru.inference.evaluate import TaggingOptions, evaluate as run_evaluate
 
-    summary = run_evaluate([target], project_path=project_path, threshold=threshold, thresholds_csv=thresholds_csv,
-                           allow_folder=True, allow_gpu=allow_gpu, output_format=output_format,
-                           batch_size=batch_size, echo=click.echo)
+    options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=True,
+                             output_format=output_format, batch_size=batch_size, allow_gpu=allow_gpu)
+    summary = run_evaluate([target], options, project_path=project_path, echo=click.echo)
     _exit_if_skipped(summary)
 
 

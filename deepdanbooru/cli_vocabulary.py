@@ -91,6 +91,8 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--count", "number of posts"),
     Term("--size", "image side in pixels"),
     Term("--seed", "the random seed"),
+    Term("--preset", "which synthetic dataset: the sample's basic tags or the hard long-tailed set"),
+    Term("--recipe", "the project.json values a new project starts from (DeepDanbooru's, or modern)"),
     Term("--version", "print the version"),
     Term("--help", "print the command's help (also -h)"),
 )

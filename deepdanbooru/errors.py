@@ -5,11 +5,13 @@ file and the field or row, and is turned into a message and an exit code in
 exactly one place (cli.py).
 """
 
+from deepdanbooru import exitcodes
+
 
 class UserError(Exception):
-    """A problem with the user's input; printed as one line, exit code 2."""
+    """A problem with the user's input; printed as one line, exit code exitcodes.USAGE."""
 
-    exit_code = 2
+    exit_code = exitcodes.USAGE
 
 
 class ConfigError(UserError):
@@ -34,6 +36,10 @@ class ModelError(UserError):
 
 class TrainingError(UserError):
     """Training cannot start or cannot go on (empty data, non-finite loss, lock held)."""
+
+
+class DependencyError(UserError):
+    """An installed package is not a version deepdanbooru works with."""
 
 
 class NetworkError(UserError):

@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from deepdanbooru import __version__
@@ -85,6 +86,7 @@ def _entry(*args):
     return subprocess.run([sys.executable, "-c", _ENTRY, *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_entry_point_skips_the_interpreter_shutdown_after_tensorflow_with_output_flushed(tmp_path):
     shown = _entry("show-model", "resnet_small", "--width", "32", "--height", "32", "--tags", "3", "--format", "json")
     assert shown.returncode == 0, shown.stderr

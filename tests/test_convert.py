@@ -34,6 +34,7 @@ def keras_model(tmp_path_factory):
     return path, model
 
 
+@pytest.mark.slow
 def test_tflite_matches_keras_and_is_reported(tmp_path, keras_model, capfd, monkeypatch):
     from deepdanbooru.inference.convert import run_tflite
 
@@ -60,6 +61,7 @@ def test_tflite_matches_keras_and_is_reported(tmp_path, keras_model, capfd, monk
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_difference_past_tolerance_fails_and_writes_nothing(tmp_path, keras_model):
     path, _ = keras_model
     output = tmp_path / "quantized.tflite"
@@ -87,6 +89,7 @@ def test_project_without_export_is_a_clear_error(sample_project, tmp_path):
     assert "train-project" in result.output
 
 
+@pytest.mark.slow
 def test_project_export_is_converted_and_compared_on_real_images(sample_project, sample_dataset, keras_model,
                                                                  tmp_path):
     from deepdanbooru.dataset.records import load_records
@@ -130,6 +133,7 @@ def test_format_follows_the_file_name_unless_given():
     assert choose_format("m.onnx", "tflite") == "tflite"
 
 
+@pytest.mark.slow
 def test_onnx_matches_keras(tmp_path, keras_model):
     pytest.importorskip("tf2onnx")
     onnxruntime = pytest.importorskip("onnxruntime")

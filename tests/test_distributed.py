@@ -35,8 +35,8 @@ from train_helpers import cli_env, make_project, train_command, weights
 
 from deepdanbooru.cli import main
 from deepdanbooru.errors import ConfigError, TrainingError
-from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices
-from deepdanbooru.training.sharding import shard_offsets
+from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices
+from deepdanbooru.training.data import shard_offsets
 
 TOLERANCE = 1e-5
 DISTRIBUTED = {"epoch_count": 1, "optimizer": "sgd", "learning_rate": 0.1, "max_bad_image_fraction": 0.4}
@@ -134,7 +134,7 @@ def test_workers_that_see_another_setup_are_refused():
 
 
 def test_replicated_runs_turn_onednn_off_before_tensorflow_loads():
-    from deepdanbooru.training.cluster import prepare_tensorflow
+    from deepdanbooru.runstate.cluster import prepare_tensorflow
 
     lone, cluster, split = {}, {}, {"DEEPDANBOORU_LOGICAL_CPUS": "2"}
     prepare_tensorflow(ClusterRole(), lone)
@@ -301,13 +301,13 @@ def dataset(tmp_path_factory, sample_dataset):
     The runs thus cover empty replicas and still train the same batches.
     """
     from deepdanbooru.dataset.records import load_records
-    from deepdanbooru.training.loop import _epoch_order
+    from deepdanbooru.training.schedule import epoch_order
 
     database, tags = sample_dataset
     copy = tmp_path_factory.mktemp("dataset") / "data"
     shutil.copytree(database.parent, copy)
     records = load_records(copy / database.name, 1, ("png", "jpg", "jpeg"))
-    order = _epoch_order(len(records), 0, 0)
+    order = epoch_order(len(records), 0, 0)
     bad = [Path(records.paths()[order[position]]) for position in (5, 6, 7)]
     for path in bad:
         path.write_bytes(b"")

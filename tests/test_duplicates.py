@@ -80,7 +80,7 @@ def preflight_line(project, *extra):
 
 
 def test_split_rule_without_numpy_matches_the_trainer():
-    from deepdanbooru.training.split import validation_mask
+    from deepdanbooru.scoring.split import validation_mask
 
     ids = [-5, 0, 1, 2, 3, 99, 12345, 2**62, 2**63 - 1]
     for fraction, seed in ((0.1, 0), (0.5, 7), (0.9, 2**40)):
@@ -136,7 +136,7 @@ def test_preflight_without_pillow_reports_identical_files_only(planted, monkeypa
 
 
 def test_make_training_database_groups_duplicates_onto_one_side(planted, tmp_path):
-    from deepdanbooru.training.split import split_records
+    from deepdanbooru.scoring.split import split_records
 
     project, copies = planted
     source = tmp_path / "dataset" / "dataset.sqlite"
@@ -179,7 +179,7 @@ def test_import_images_groups_near_duplicates_in_a_new_dataset_only(tmp_path):
 
 
 def test_a_run_started_before_grouping_keeps_its_split(planted, tmp_path):
-    from deepdanbooru.training.split import records_hash, split_for_run, split_records
+    from deepdanbooru.scoring.split import records_hash, split_for_run, split_records
 
     project, copies = planted
     source = tmp_path / "dataset" / "dataset.sqlite"

@@ -336,6 +336,7 @@ def test_evaluate_project_shares_the_code(project, images):
     assert single.stdout == f"Tags of {images['red']}:\n({HIGH:05.3f}) red\n\n"
 
 
+@pytest.mark.slow
 def test_batches_match_one_image_at_a_time(tmp_path):
     """Batched, traced prediction equals calling the model on each preprocessed image alone."""
     tf = pytest.importorskip("tensorflow")
@@ -370,6 +371,7 @@ def test_batches_match_one_image_at_a_time(tmp_path):
         np.testing.assert_allclose(list(record["tags"].values()), expected, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_round_trip_import_make_tags_train_evaluate(tmp_path):
     """Own pictures with .txt tags -> dataset -> tags.txt -> a tiny trained model -> evaluate --save-txt."""
     rng = np.random.default_rng(7)

@@ -12,7 +12,7 @@ from deepdanbooru.cli import main
 from deepdanbooru.dataset.records import load_records
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.tools import import_images as importer
-from deepdanbooru.tools.import_images import parse_sidecar
+from deepdanbooru.dataset.import_images import parse_sidecar
 
 
 def image_bytes(fmt, color=(200, 30, 30), size=(32, 24), mode="RGB"):

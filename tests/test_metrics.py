@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deepdanbooru.errors import ModelError
-from deepdanbooru.training.metrics import (
+from deepdanbooru.scoring.metrics import (
     ValidationMetrics,
     is_improvement,
     read_thresholds_csv,
@@ -16,7 +16,7 @@ from deepdanbooru.training.metrics import (
     write_metrics_json,
     write_thresholds_csv,
 )
-from deepdanbooru.training.thresholds import best_threshold_indices
+from deepdanbooru.scoring.thresholds import best_threshold_indices
 
 # Four samples, three tags. Tag 0: two positives, one hit, one miss, one false
 # alarm. Tag 1: one positive and no prediction at all. Tag 2: no positive, one
@@ -400,7 +400,7 @@ def test_published_figures_on_a_case_with_a_known_equal_point():
 
 
 def test_equal_point_bisection():
-    from deepdanbooru.training.thresholds import equal_point
+    from deepdanbooru.scoring.thresholds import equal_point
 
     recall = np.linspace(1.0, 0.0, 11)
     assert equal_point(np.full(11, 0.5), recall) == 5

@@ -28,7 +28,7 @@ from deepdanbooru.models import (
 from deepdanbooru.project import config as project_config
 
 # (trainable, non_trainable) at 299x299 with 1000 tags. The first three are
-# SPEC's reference figures; the others were measured once by building them.
+# DeepDanbooru's published figures; the others were measured once by building them.
 REFERENCE_COUNTS = {
     "resnet_152": (60_192_808, 151_424),
     "resnet_custom_v1": (122_053_696, 196_480),
@@ -75,6 +75,7 @@ def test_analytic_counts_equal_a_real_build(input_shape, n_tags):
     assert model.output_shape == (None, n_tags)
 
 
+@pytest.mark.slow
 def test_resnet_152_real_build_counts_and_head():
     # 193 is the smallest side that leaves a 7x7 map; 449 leaves 15 wide, so
     # the valid 7x7 pool yields two columns and the dense input doubles.
@@ -253,6 +254,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_export_opens_with_plain_keras_and_seeded_weights_match_across_processes(tmp_path):
     model = build_model("resnet_small", (32, 32, 3), 3, seed=7)
     # Move the norms away from their initial values so the round trip is tested.

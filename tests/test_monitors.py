@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from deepdanbooru.training.best import BestModelMonitor, BestState, best_json_path
 from deepdanbooru.training.history import HistoryMonitor, read_history, truncate_history
-from deepdanbooru.training.metrics import ValidationMetrics
+from deepdanbooru.scoring.metrics import ValidationMetrics
 from deepdanbooru.training.monitors import (
     ConsoleMonitor,
     Progress,
@@ -45,7 +45,7 @@ def run_info(tmp_path, resumed_at=None, validation_records=4, fraction=0.25, mod
                    resumed_from=None if resumed_at is None else f"ckpt-{resumed_at}",
                    start=progress(resumed_at or 0), validation_fraction=fraction, validation_frequency_slices=2,
                    best_model_metric="macro_f1", config_path=tmp_path / "project.json",
-                   extras={"model": model} if model is not None else {})
+                   model=model)
 
 
 def step_log(step: int, loss: float) -> StepLog:
@@ -353,7 +353,7 @@ def test_console_without_validation_ends_with_training_complete(tmp_path):
 def _one_step_update(policy: str, clip, learning_rate=0.1) -> float:
     """Norm of the change of all weights after one SGD step of the trainer's TrainStep on a tiny model."""
     from deepdanbooru.models import make_optimizer
-    from deepdanbooru.training.precision import MIXED, global_policy
+    from deepdanbooru.models.precision import MIXED, global_policy
     from deepdanbooru.training.step import TrainStep, build_optimizer
 
     keras.utils.set_random_seed(0)
@@ -375,7 +375,7 @@ def _one_step_update(policy: str, clip, learning_rate=0.1) -> float:
     step.bind(distributed.element_spec)
     for element in distributed:
         step(element)
-    assert step.counters.first_bad() is None
+    assert step.sums.first_bad() is None
     return float(np.sqrt(sum(((after - b) ** 2).sum() for after, b in zip(model.get_weights(), before))))
 
 

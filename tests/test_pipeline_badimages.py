@@ -12,7 +12,9 @@ from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 
-from deepdanbooru.pipeline import BadImageTracker, diagnose, inference_dataset, training_dataset  # noqa: E402
+from deepdanbooru.pipeline import (  # noqa: E402
+    Augmentation, BadImageTracker, TrainingInput, diagnose, inference_dataset, training_dataset,
+)
 from deepdanbooru.pipeline import badimages  # noqa: E402
 
 LIMIT = 10**6
@@ -85,9 +87,10 @@ def test_training_excludes_counts_and_logs_every_bad_record(records, tmp_path):
     paths, expected = records
     start = 500
     epoch_paths = {start + i: path for i, path in enumerate(paths)}
-    dataset = training_dataset(paths, ["a"] * len(paths), ["a"], height=16, width=16, rotation_range=(0, 360),
-                               scale_range=(0.9, 1.1), shift_range=(-0.1, 0.1), seed=0, random_seed=0,
-                               start_position=start, batch_size=2, max_image_pixels=LIMIT)
+    dataset = training_dataset(paths, ["a"] * len(paths), ["a"],
+                               TrainingInput(16, 16, Augmentation((0, 360), (0.9, 1.1), (-0.1, 0.1)),
+                                             seed=0, batch_size=2, max_image_pixels=LIMIT),
+                               random_seed=0, start_position=start)
     log = tmp_path / "project" / "logs" / "bad_images.txt"
     tracker = BadImageTracker(log, epoch_paths, max_image_pixels=LIMIT, context="epoch 3")
     sizes = []
@@ -152,9 +155,10 @@ def test_log_is_appended_across_slices_and_a_clean_slice_writes_nothing(records,
 
 def test_a_slice_of_only_bad_records_yields_no_batch_and_all_are_counted(tmp_path):
     paths = [str(tmp_path / f"missing_{i}.jpg") for i in range(4)]
-    dataset = training_dataset(paths, [""] * 4, ["a"], height=16, width=16, rotation_range=None,
-                               scale_range=None, shift_range=None, seed=0, random_seed=0, start_position=0,
-                               batch_size=2, max_image_pixels=LIMIT)
+    dataset = training_dataset(paths, [""] * 4, ["a"],
+                               TrainingInput(16, 16, Augmentation(None, None, None),
+                                             seed=0, batch_size=2, max_image_pixels=LIMIT),
+                               random_seed=0, start_position=0)
     assert list(dataset) == []
     tracker = BadImageTracker(tmp_path / "bad.txt", paths, max_image_pixels=LIMIT)
     assert tracker.finish(0, 4) == 4 and tracker.bad_fraction == 1.0

@@ -8,7 +8,9 @@ from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 
-from deepdanbooru.pipeline import inference_dataset, multi_hot, tag_table, training_dataset  # noqa: E402
+from deepdanbooru.pipeline import (  # noqa: E402
+    Augmentation, TrainingInput, inference_dataset, multi_hot, tag_table, training_dataset,
+)
 
 TAGS = ["1girl", "solo", "long_hair", "rating:general", "smile", "c++", "tag.with.dots"]
 
@@ -66,9 +68,10 @@ def test_datasets_attach_labels_in_record_order(tmp_path):
         Image.fromarray(np.full((10, 12, 3), 40 * i, np.uint8)).save(path)
         paths.append(str(path))
     strings = CASES[:5]
-    train = list(training_dataset(paths, strings, TAGS, height=16, width=16, rotation_range=(0, 360),
-                                  scale_range=(0.9, 1.1), shift_range=(-0.1, 0.1), seed=0, random_seed=0,
-                                  start_position=10, batch_size=2, max_image_pixels=10**6))
+    train = list(training_dataset(paths, strings, TAGS,
+                                  TrainingInput(16, 16, Augmentation((0, 360), (0.9, 1.1), (-0.1, 0.1)),
+                                                seed=0, batch_size=2, max_image_pixels=10**6),
+                                  random_seed=0, start_position=10))
     assert [b["label"].shape[0] for b in train] == [2, 2, 1]
     assert train[0]["label"].shape[1:] == (len(TAGS),)  # static width for Keras losses
     labels = np.concatenate([b["label"].numpy() for b in train])

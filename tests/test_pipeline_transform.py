@@ -8,7 +8,9 @@ from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 
-from deepdanbooru.pipeline import inference_dataset, training_dataset, warp_batch, warp_parameters  # noqa: E402
+from deepdanbooru.pipeline import (  # noqa: E402
+    TrainingInput, inference_dataset, training_dataset, warp_batch, warp_parameters,
+)
 from deepdanbooru.pipeline.transform import (  # noqa: E402
     Augmentation, augmentation_values, canvas_size, record_uniforms, seed_hash,
 )
@@ -120,9 +122,10 @@ def test_inference_enlarges_small_images_bilinearly_to_fill_the_box(tmp_path):
 
 def test_training_without_augmentation_equals_inference(tmp_path):
     paths = [_write(tmp_path, f"{i}.png", _random_image(20 + 9 * i, 40, seed=i)) for i in range(3)]
-    train = list(training_dataset(paths, [""] * 3, ["x"], height=32, width=32, rotation_range=None,
-                                  scale_range=[], shift_range=None, seed=1, random_seed=2, start_position=0,
-                                  batch_size=4, max_image_pixels=10**8))[0]["image"].numpy()
+    train = list(training_dataset(paths, [""] * 3, ["x"],
+                                  TrainingInput(32, 32, Augmentation(None, [], None),
+                                                seed=1, batch_size=4, max_image_pixels=10**8),
+                                  random_seed=2, start_position=0))[0]["image"].numpy()
     np.testing.assert_array_equal(train, _inference_images(paths, 32, 32))
 
 
@@ -150,10 +153,10 @@ def test_random_warp_is_a_pure_function_of_seed_random_seed_and_position():
 
 
 def _train(paths, start, *, seed=0, random_seed=0, parallel=tf.data.AUTOTUNE, batch_size=3):
-    dataset = training_dataset(paths, ["a"] * len(paths), ["a"], height=24, width=24,
-                               rotation_range=(0.0, 360.0), scale_range=(0.9, 1.1), shift_range=(-0.1, 0.1),
-                               seed=seed, random_seed=random_seed, start_position=start, batch_size=batch_size,
-                               max_image_pixels=10**8, num_parallel_calls=parallel)
+    dataset = training_dataset(paths, ["a"] * len(paths), ["a"],
+                               TrainingInput(24, 24, Augmentation((0.0, 360.0), (0.9, 1.1), (-0.1, 0.1)),
+                                             seed=seed, batch_size=batch_size, max_image_pixels=10**8),
+                               random_seed=random_seed, start_position=start, num_parallel_calls=parallel)
     images = {}
     for batch in dataset:
         for position, image in zip(batch["position"].numpy(), batch["image"].numpy()):
@@ -181,9 +184,10 @@ def test_same_record_at_same_position_gets_same_pixels_in_any_slice_and_parallel
 
 def test_datasets_run_without_the_autotuning_model(record_paths):
     # Its thread made destroying a finished iterator wait up to a minute (pipeline/dataset.py).
-    train = training_dataset(record_paths, ["a"] * 7, ["a"], height=24, width=24, rotation_range=None,
-                             scale_range=None, shift_range=None, seed=0, random_seed=0, start_position=0,
-                             batch_size=3, max_image_pixels=10**8)
+    train = training_dataset(record_paths, ["a"] * 7, ["a"],
+                             TrainingInput(24, 24, Augmentation(None, None, None),
+                                           seed=0, batch_size=3, max_image_pixels=10**8),
+                             random_seed=0, start_position=0)
     infer = inference_dataset(record_paths, height=24, width=24, batch_size=3, max_image_pixels=10**8)
     for dataset in (train, infer):
         assert dataset.options().autotune.enabled is False

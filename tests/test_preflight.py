@@ -300,7 +300,7 @@ def write_checkpoint(root, name="ckpt-3", data=True, state=None):
 
 
 def trainer_state(project, **changes):
-    """state.json as training/state.py writes it (version 1)."""
+    """state.json as runstate/state.py writes it (version 1)."""
     tags = (project / "tags.txt").read_text().split()
     state = {"version": 1, "checkpoint": "ckpt-3", "used_epoch": 1, "used_minibatch": 12, "used_sample": 48,
              "offset": 8, "random_seed": 1, "epoch_bad_images": 0, "complete": False, "model": "resnet_small",
@@ -362,7 +362,7 @@ def test_state_file_of_an_older_checkpoint_is_a_warning(project):
 
 @pytest.mark.parametrize("content, problem", [
     ("{broken", "state.json: cannot be read"),
-    ('{"version": 99}', "state.json: version 99 is not one this preflight reads"),
+    ('{"version": 99}', "state.json: version 99 is not one this version of deepdanbooru reads"),
 ])
 def test_unreadable_state_file_is_a_warning(project, content, problem):
     write_checkpoint(project).joinpath("state.json").write_text(content)
@@ -574,6 +574,7 @@ def write_png_with_bad_data(path):
                      + chunk(b"IEND", b""))
 
 
+@pytest.mark.slow
 def test_probe_tensorflow_decodes_the_sampled_images(project):
     broken = image_of(project, 6)
     write_png_with_bad_data(broken)

@@ -27,6 +27,9 @@ from deepdanbooru.project.config import load_config
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.sample.generator import DATABASE_NAME, TAGS
 
+# README's commands end to end, in subprocesses: the slow tier.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample-project"
 # The files of sample-project that are in git; everything else in it is generated.

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from deepdanbooru.errors import TrainingError
-from deepdanbooru.training.lock import TrainingLock
+from deepdanbooru.runstate.lock import TrainingLock
 
 
 def _dead_pid():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from train_helpers import make_project
 
-from deepdanbooru.training.precision import FLOAT32, FORCE_ENV, MIXED, choose_policy
+from deepdanbooru.models.precision import FLOAT32, FORCE_ENV, MIXED, choose_policy
 from deepdanbooru.training.train import train_project
 
 
@@ -28,6 +28,7 @@ def test_policy_choice_without_a_gpu(monkeypatch):
     assert len(notices) == 1
 
 
+@pytest.mark.slow
 def test_forced_mixed_precision_writes_float32_copies(tmp_path, sample_dataset):
     project = make_project(tmp_path / "p", *sample_dataset, epoch_count=1, mixed_precision=True)
     lines = []
@@ -47,6 +48,7 @@ def test_forced_mixed_precision_writes_float32_copies(tmp_path, sample_dataset):
     assert np.isfinite(a).all()
 
 
+@pytest.mark.slow
 def test_mixed_precision_with_source_model(tmp_path, sample_dataset):
     from deepdanbooru.models import build_model
 

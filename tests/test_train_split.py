@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from deepdanbooru.dataset.records import Records
-from deepdanbooru.training.split import split_records, validation_mask
+from deepdanbooru.scoring.split import split_records, validation_mask
 
 
 def _records(ids):

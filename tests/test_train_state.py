@@ -6,15 +6,8 @@ import pytest
 import tensorflow as tf
 
 from deepdanbooru.errors import TrainingError
-from deepdanbooru.training.state import (
-    Counters,
-    ResumeState,
-    RunIdentity,
-    check_identity,
-    read_checkpoint_state,
-    read_state_json,
-    write_state_json,
-)
+from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, read_state_json, write_state_json
+from deepdanbooru.training.state import ResumeState, read_checkpoint_state
 
 IDENTITY = RunIdentity("resnet_small", 32, 48, "a" * 64, 17)
 
@@ -37,8 +30,10 @@ def test_state_json_mirror(tmp_path):
     assert (data["used_epoch"], data["used_minibatch"], data["used_sample"], data["offset"],
             data["random_seed"]) == (1, 2, 3, 4, 5)
     assert data["model"] == "resnet_small" and data["tags_hash"] == "a" * 64 and data["complete"] is False
-    assert read_state_json(tmp_path) == data
-    assert read_state_json(tmp_path / "missing") is None
+    assert read_state_json(tmp_path) == (data, None)
+    assert read_state_json(tmp_path / "missing") == (None, None)
+    (tmp_path / "state.json").write_text('{"version": 99}')
+    assert read_state_json(tmp_path)[1].endswith("state.json: version 99 is not one this version of deepdanbooru reads")
     assert not [p for p in tmp_path.iterdir() if p.name != "state.json"]  # no temporary left
 
 

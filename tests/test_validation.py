@@ -14,6 +14,9 @@ from deepdanbooru.training.history import read_history
 from deepdanbooru.training.monitors import Monitor
 from deepdanbooru.training.train import build_monitors, plan_training, train_project
 
+# Whole training runs with validation: the slow tier.
+pytestmark = pytest.mark.slow
+
 MODEL = "model-resnet_small"
 EXPORTS = [f"{MODEL}.e1", f"{MODEL}.e2", MODEL, f"{MODEL}.best"]
 # 24 posts, validation_fraction 0.25 and seed 0 hold out 4: 20 train in slices of 8, 8, 4 records (2, 2, 1 steps),
@@ -241,7 +244,6 @@ def test_metrics_of_the_validation_split_need_one(tmp_path, sample_dataset):
     assert "project.json: validation_fraction: is 0, so the project has no validation split" in result.output
 
 
-@pytest.mark.slow
 def test_sigkilled_runs_end_with_the_reference_history(validated, tmp_path, sample_dataset):
     """Real kills of the CLI (no monitor gets to clean up), then a full run: same history and best model."""
     import subprocess

@@ -24,7 +24,7 @@ from deepdanbooru.dataset.records import (
 )
 from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
 from deepdanbooru.project.config import load_config
-from deepdanbooru.project.create import temporary_beside, write_text_atomic
+from deepdanbooru.fileio import create_beside, write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.wording import plural
 
@@ -171,7 +171,7 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
                   "WHERE id >= ? AND id <= ? AND typeof(id) = 'integer' ORDER BY id LIMIT ?")
 
         output.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = temporary_beside(output)
+        handle, temporary = create_beside(output)
         os.close(handle)
         try:
             summary = _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted,

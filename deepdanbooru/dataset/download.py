@@ -24,8 +24,8 @@ from pathlib import Path
 from deepdanbooru import __version__
 from deepdanbooru.dataset.build import SYSTEM_TAGS
 from deepdanbooru.errors import NetworkError, UserError, file_field
+from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.categories import CATEGORIES_FILE  # DeepDanbooru's format, read back there
-from deepdanbooru.project.create import write_text_atomic
 
 DEFAULT_BASE_URL = "https://danbooru.donmai.us"
 PAGE_SIZE = 1000  # the API's largest page

@@ -33,7 +33,7 @@ def _splitmix64(value: int) -> int:
 
 
 def in_validation(post_id: int, validation_fraction: float, seed: int) -> bool:
-    """training.split.validation_mask for one id, without numpy (the same bits; tested against it)."""
+    """scoring.split.validation_mask for one id, without numpy (the same bits; tested against it)."""
     if validation_fraction <= 0:
         return False
     hashed = _splitmix64(_splitmix64(seed & _MASK) ^ (post_id & _MASK))
@@ -154,7 +154,7 @@ class GroupSummary:
 def group_duplicates(connection, images_dir, max_distance: int = DEFAULT_MAX_DISTANCE) -> GroupSummary:
     """Give every post of a group of identical or near-identical pictures the group's smallest id as split_id.
 
-    training.split then hashes that id instead of each post's own, so a group
+    scoring.split then hashes that id instead of each post's own, so a group
     lands on one side of the validation split, whatever the fraction and seed.
     Meant for a database being built: the posts of a run already started
     would change sides. The caller commits.

@@ -55,7 +55,7 @@ class Records:
 
     @property
     def split_keys(self):
-        """What training.split hashes: the split ids where the database has them, else the post ids."""
+        """What scoring.split hashes: the split ids where the database has them, else the post ids."""
         return self.ids if self.split_ids is None else self.split_ids
 
 

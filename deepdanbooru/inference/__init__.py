@@ -12,7 +12,7 @@ numpy:
 TensorFlow:
     predict.configure_devices(allow_gpu), predict.load_tagger(files, tags) -> Tagger
         Tagger.predict(paths, batch_size, on_skip) -> (index, scores); Tagger.images(paths, on_skip)
-    evaluate.evaluate(targets, ...) -> EvaluationSummary(model, tagged, skipped)
+    evaluate.evaluate(targets, TaggingOptions(...), project_path=...) -> EvaluationSummary(model, tagged, skipped)
     gradcam.Explainer(model).explain(image, tag_indices) -> [TagMaps]; gradcam.grad_cam_command(...)
     convert.convert_model(model, save_path, ...) -> ConversionReport; convert.conv2tflite(...)
 """

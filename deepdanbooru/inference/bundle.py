@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from deepdanbooru.errors import ModelError, UserError, file_field
+from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
 from deepdanbooru.project import categories as cat
-from deepdanbooru.project.create import write_bytes_atomic, write_text_atomic
 
 MODEL_FILE = "model.onnx"
 TAGS_FILE = "selected_tags.csv"
@@ -162,7 +162,7 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
     result = summary.result
     thresholds = category_thresholds(result)
     reordered = {**result, "per_tag": {key: np.asarray(values)[order] for key, values in result["per_tag"].items()}}
-    from deepdanbooru.training.metrics import write_metrics_json, write_thresholds_csv
+    from deepdanbooru.scoring.metrics import write_metrics_json, write_thresholds_csv
 
     directory.mkdir(exist_ok=True)
     # The model last: a folder with model.onnx is complete.

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from deepdanbooru import exitcodes
 from deepdanbooru.errors import ModelError, UserError, file_field
-from deepdanbooru.project.create import write_bytes_atomic
+from deepdanbooru.fileio import write_bytes_atomic
 from deepdanbooru.tfimport import filtered_stderr
 
 FORMATS = ("tflite", "onnx")
@@ -34,7 +35,7 @@ ONNX_OPSET = 17
 class ConversionMismatch(UserError):
     """The converted model's outputs differ from Keras' by more than the tolerance."""
 
-    exit_code = 1
+    exit_code = exitcodes.FAILED
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def float32_model(model):
     """A float32 copy of a mixed-precision model: converters and runtimes do float32 best."""
     if all(getattr(layer.dtype_policy, "compute_dtype", "float32") == "float32" for layer in model.layers):
         return model
-    from deepdanbooru.training.precision import with_policy
+    from deepdanbooru.models.precision import with_policy
 
     return with_policy(model, "float32")
 
@@ -158,7 +159,7 @@ def _tflite_interpreter(content: bytes):
 
         with warnings.catch_warnings():
             # tf.lite.Interpreter warns it is deprecated in favour of ai-edge-litert,
-            # which is optional here: same API, same results (TF_NOTES.md).
+            # which is optional here: it has the same API and gives the same results.
             warnings.simplefilter("ignore")
             return tf.lite.Interpreter(model_content=content)
     return Interpreter(model_content=content)

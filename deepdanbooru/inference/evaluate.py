@@ -6,13 +6,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
-
 from deepdanbooru.errors import file_field
 from deepdanbooru.inference.model_files import choose_thresholds, resolve_model_files
-from deepdanbooru.inference.output import FORMATS, caption, make_writer, select_tags, threshold_vector
+from deepdanbooru.inference.output import FORMATS, caption, make_writer, print_err, select_tags, threshold_vector
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.wording import plural
 
@@ -24,14 +22,24 @@ class EvaluationSummary:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
 
 
-def _echo_err(message: str) -> None:
-    click.echo(message, err=True)
+@dataclass(frozen=True)
+class TaggingOptions:
+    """How evaluate finds the images, thresholds the scores and reports the tags (the command's options)."""
+
+    threshold: float | None = None  # None: the per-tag CSV beside the model when there is one, else 0.5
+    thresholds_csv: str | None = None
+    allow_folder: bool = False
+    folder_filters: str = DEFAULT_FOLDER_FILTERS
+    save_txt: bool = False
+    output_format: str = "text"
+    batch_size: int = 32
+    allow_gpu: bool = False
+    compile_model: bool = True
+    verbose: bool = False
 
 
-def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, threshold=None, thresholds_csv=None,
-             allow_folder=False, folder_filters=DEFAULT_FOLDER_FILTERS, save_txt=False, allow_gpu=False,
-             compile_model=True, verbose=False, output_format="text", batch_size=32,
-             echo=print, echo_err=_echo_err) -> EvaluationSummary:
+def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_path=None, model_path=None,
+             tags_path=None, echo=print, echo_err=print_err) -> EvaluationSummary:
     """Tag every image under `targets`, writing results through `echo` as they come.
 
     Everything that can be checked without TensorFlow (targets, model and
@@ -41,21 +49,22 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
     the model and the thresholds.
     threshold: None uses the per-tag CSV beside the model when there is one (else 0.5).
     """
-    if output_format not in FORMATS:
-        raise TargetError(f"--format: must be one of {', '.join(FORMATS)}, got {output_format!r}")
+    o = options
+    if o.output_format not in FORMATS:
+        raise TargetError(f"--format: must be one of {', '.join(FORMATS)}, got {o.output_format!r}")
     missing: list[tuple[Path, str]] = []
-    paths = collect_targets(targets, allow_folder=allow_folder, folder_filters=folder_filters, missing=missing)
+    paths = collect_targets(targets, allow_folder=o.allow_folder, folder_filters=o.folder_filters, missing=missing)
     if not paths:
         if missing:
             raise TargetError(file_field(missing[0][0], None, missing[0][1]))
-        raise TargetError(f"{', '.join(map(str, targets))}: no image files found (filters: {folder_filters})")
-    if save_txt:
+        raise TargetError(f"{', '.join(map(str, targets))}: no image files found (filters: {o.folder_filters})")
+    if o.save_txt:
         for path in paths:
             if sidecar_path(path) == path:
                 raise TargetError(f"{path}: --save-txt would overwrite the image itself with its tags")
     files = resolve_model_files(project_path, model_path, tags_path)
     tags = load_tags(files.tags)
-    choice = choose_thresholds(files.model, threshold, thresholds_csv)
+    choice = choose_thresholds(files.model, o.threshold, o.thresholds_csv)
     thresholds = threshold_vector(tags, choice.default, choice.csv)
     echo_err(f"Model: {files.model} ({files.kind}); thresholds: {choice.description}")
     summary = EvaluationSummary(model=files.model)
@@ -65,9 +74,9 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
 
     from deepdanbooru.inference.predict import configure_devices, load_tagger
 
-    devices = configure_devices(allow_gpu)
-    tagger = load_tagger(files, tags, compile_model=compile_model)
-    if verbose:
+    devices = configure_devices(o.allow_gpu)
+    tagger = load_tagger(files, tags, compile_model=o.compile_model)
+    if o.verbose:
         echo_err(f"Devices: {', '.join(devices)}")
         echo_err(f"Input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags}")
         echo_err(f"Images: {len(paths)}")
@@ -76,19 +85,19 @@ def evaluate(targets, *, project_path=None, model_path=None, tags_path=None, thr
         summary.skipped.append((paths[index], reason))
         echo_err(f"skipped {paths[index]}: {reason}")
 
-    writer = make_writer(output_format, echo)
+    writer = make_writer(o.output_format, echo)
     started = time.perf_counter()
-    for index, scores in tagger.predict(paths, batch_size, skip):
+    for index, scores in tagger.predict(paths, o.batch_size, skip):
         pairs = select_tags(tags, scores, thresholds)
         writer.image(paths[index], pairs)
-        if save_txt:
+        if o.save_txt:
             sidecar = sidecar_path(paths[index])
             try:
                 write_text_atomic(sidecar, caption(pairs))
             except OSError as error:
                 raise TargetError(f"{sidecar}: cannot write the tags (--save-txt): {error.strerror or error}") from None
         summary.tagged += 1
-    if verbose:
+    if o.verbose:
         seconds = time.perf_counter() - started
         rate = summary.tagged / seconds if seconds > 0 else 0.0
         echo_err(f"Tagged {plural(summary.tagged, 'image')} in {seconds:.1f} s ({rate:.1f} images/s); "

@@ -18,16 +18,16 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 import keras
 import numpy as np
 import tensorflow as tf
 from PIL import Image
 
 from deepdanbooru.errors import ModelError
-from deepdanbooru.project.create import write_bytes_atomic
+from deepdanbooru.fileio import write_bytes_atomic
 from deepdanbooru.inference.model_files import resolve_model_files
 from deepdanbooru.inference.names import UniqueNames
+from deepdanbooru.inference.output import print_err
 from deepdanbooru.inference.predict import configure_devices, load_tagger
 from deepdanbooru.inference.targets import collect_targets
 from deepdanbooru.project.tags import load_tags
@@ -187,7 +187,7 @@ def write_explanations(explainer: Explainer, image: np.ndarray, tags, threshold:
 
 
 def grad_cam_command(project_path, target, output=".", threshold=0.5, allow_gpu=False, echo=print,
-                     echo_err=lambda message: click.echo(message, err=True)) -> GradCamSummary:
+                     echo_err=print_err) -> GradCamSummary:
     """The grad-cam command: TARGET is an image or a folder (searched recursively)."""
     paths = collect_targets([target], allow_folder=True)
     files = resolve_model_files(project_path)

@@ -8,13 +8,19 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.training.thresholds import read_thresholds_csv
+from deepdanbooru.scoring.thresholds import read_thresholds_csv
 
 FORMATS = ("text", "json", "csv")
+
+
+def print_err(message: str) -> None:
+    """The default for the `echo_err` of library functions: one line to the current stderr."""
+    print(message, file=sys.stderr)
 
 
 def threshold_vector(tags, threshold: float, thresholds_csv=None) -> np.ndarray:

@@ -26,7 +26,7 @@ def configure_devices(allow_gpu: bool) -> list[str]:
         except RuntimeError:
             if tf.config.get_visible_devices("GPU"):
                 warnings.warn("TensorFlow was already initialised with a GPU visible; it stays in use")
-    from deepdanbooru.training.strategy import tune_graph_optimizer
+    from deepdanbooru.tfruntime import tune_graph_optimizer
 
     tune_graph_optimizer()
     return [f"{device.device_type}:{device.name.rsplit(':', 1)[-1]}" for device in tf.config.get_visible_devices()]
@@ -82,22 +82,24 @@ class Tagger:
         next image past it arrives (and the tail gaps at the end).
         """
         from deepdanbooru.pipeline import diagnose, inference_dataset
+        from deepdanbooru.pipeline.gaps import PositionGaps
 
         dataset = inference_dataset([str(path) for path in paths], height=self.height, width=self.width,
                                     batch_size=batch_size, max_image_pixels=self.max_image_pixels)
-        expected = 0
+        gaps, checked = PositionGaps(), 0
 
-        def skip_until(stop):
-            for index in range(expected, stop):
+        def skip_gaps(stop):
+            nonlocal checked
+            for index in gaps.missing(np.arange(checked, stop)).tolist():
                 on_skip(index, diagnose(paths[index], self.max_image_pixels))
+            checked = max(checked, stop)
 
         for batch in dataset:
             positions = batch["position"].numpy()
-            for position in positions:
-                skip_until(int(position))
-                expected = int(position) + 1
+            gaps.observe(positions)
+            skip_gaps(int(positions[-1]) + 1)
             yield positions, batch["image"]
-        skip_until(len(paths))
+        skip_gaps(len(paths))
 
     def predict(self, paths, batch_size: int, on_skip: Callable[[int, str], None]) -> Iterator[tuple[int, np.ndarray]]:
         """(index into paths, scores) for every readable image, in order; on_skip(index, reason) for the rest."""

@@ -1,7 +1,7 @@
 """evaluate-project --metrics: a saved model's validation metrics over a project's records.
 
 The records, preprocessing, loss and metrics are the trainer's own
-(training.split, pipeline.inference_dataset, training.validation), so the
+(scoring.split, pipeline.inference_dataset, scoring.scorer), so the
 figures of an export match those in its `*.metrics.json` and let a user
 compare exports, or any model, on the same images.
 """
@@ -12,11 +12,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
-
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.errors import ConfigError, DatasetError, ModelError, UserError, file_field
 from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.inference.output import print_err
 from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.tags import load_tags
@@ -43,14 +42,11 @@ class MetricsSummary:
         return {key: value for key, value in self.result.items() if key != "per_tag"}
 
 
-def _echo_err(message: str) -> None:
-    click.echo(message, err=True)
-
-
 def select_records(config, split: str, start_id: int | None = None, end_id: int | None = None) -> Records:
     """The project's eligible records of `split`, limited to start_id <= id <= end_id."""
     from deepdanbooru.project.paths import ProjectPaths
-    from deepdanbooru.training.split import saved_run_state, split_for_run
+    from deepdanbooru.runstate.state import read_state_json
+    from deepdanbooru.scoring.split import split_for_run
 
     if split not in SPLITS:
         raise UserError(f"--split: must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -66,7 +62,7 @@ def select_records(config, split: str, start_id: int | None = None, end_id: int 
                 "to pick records), or set the fraction the model was trained with"))
         # The trainer's split, also for a run that keeps its split by post id.
         _, records, _ = split_for_run(records, config.validation_fraction, config.seed,
-                                      saved_run_state(ProjectPaths(config.project_dir).checkpoints))
+                                      read_state_json(ProjectPaths(config.project_dir).checkpoints)[0])
     low = start_id if start_id is not None else -(1 << 63)
     high = end_id if end_id is not None else (1 << 63) - 1
     chosen = [index for index, post_id in enumerate(records.ids) if low <= post_id <= high]
@@ -87,7 +83,7 @@ def _format(value) -> str:
 
 def project_metrics(project_path, *, model_path=None, split="validation", start_id=None, end_id=None,
                     threshold=None, batch_size=32, allow_gpu=False, as_json=False, echo=print,
-                    echo_err=_echo_err) -> MetricsSummary:
+                    echo_err=print_err) -> MetricsSummary:
     """Measure a model (default: the project's final export) on the project's records; print the metrics."""
     config = load_config(project_path)
     tags = load_tags(config.project_dir / "tags.txt")
@@ -102,7 +98,8 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.pipeline import diagnose, inference_dataset
-    from deepdanbooru.training.validation import BatchScorer, measure
+    from deepdanbooru.pipeline.gaps import PositionGaps
+    from deepdanbooru.scoring.scorer import BatchScorer, measure
 
     configure_devices(allow_gpu)
     model = load_model_file(files.model)
@@ -112,25 +109,23 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size,
                                 max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
                                 tags=tags)
-    seen = set()
+    gaps = PositionGaps()
     try:
-        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold,
-                          observe=lambda positions: seen.update(int(p) for p in positions),
+        metrics = measure(BatchScorer(model, config.loss, height, width), dataset, threshold, observe=gaps.observe,
                           categories=category_indices(tag_categories(tags, config.project_dir)))
     except ValueError as error:
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None
     summary = MetricsSummary(model=files.model, split=split, records=len(paths), result=metrics.result())
-    for index in range(len(paths)):
-        if index not in seen:
-            reason = diagnose(paths[index], config.max_image_pixels)
-            summary.skipped.append((Path(paths[index]), reason))
-            echo_err(f"skipped {paths[index]}: {reason}")
+    for index in gaps.missing(range(len(paths))).tolist():
+        reason = diagnose(paths[index], config.max_image_pixels)
+        summary.skipped.append((Path(paths[index]), reason))
+        echo_err(f"skipped {paths[index]}: {reason}")
     if metrics.samples == 0:
         raise DatasetError(f"none of the {len(paths)} images could be read; see the reasons above")
 
     ids = (records.ids[0], records.ids[-1])
     if as_json:
-        from deepdanbooru.training.metrics import json_ready
+        from deepdanbooru.scoring.metrics import json_ready
 
         echo(json.dumps(json_ready({
             "model": str(files.model), "model_kind": files.kind, "split": split, "start_id": start_id, "end_id": end_id,

@@ -11,10 +11,9 @@ import re
 from pathlib import Path
 
 from deepdanbooru.errors import UserError, file_field
+from deepdanbooru.formats import folder_filters
 
-# DeepDanbooru's default, spelled with character classes so that matching is
-# case-insensitive on every file system, not just on Windows and macOS.
-DEFAULT_FOLDER_FILTERS = "*.[Pp][Nn][Gg],*.[Jj][Pp][Gg],*.[Jj][Pp][Ee][Gg],*.[Gg][Ii][Ff],*.[Ww][Ee][Bb][Pp],*.[Bb][Mm][Pp]"
+DEFAULT_FOLDER_FILTERS = folder_filters()
 
 _RUNS = re.compile(r"(\d+)")
 

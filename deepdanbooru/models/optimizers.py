@@ -9,7 +9,7 @@ step; tracing and the first run of that graph took ~30 s on two cores
 (per-step time is about the same either way). Everything else (clipping, loss scaling, the iteration
 counter, slot variables and so checkpoints) is Keras's own. Cases the kernels
 do not cover (sparse gradients, non-float32 variables, amsgrad) fall back to
-Keras's update_step.
+Keras's update_step. The hook into Keras's update is private: compat.FusedUpdate.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from deepdanbooru import compat
 from deepdanbooru.errors import ModelError
 
 
@@ -24,24 +25,24 @@ def _fusable(grads_and_vars) -> bool:
     return all(var.dtype == tf.float32 and not isinstance(grad, tf.IndexedSlices) for grad, var in grads_and_vars)
 
 
-def _update_each(optimizer, distribution, grads_and_vars, slot_lists, apply) -> None:
+def _update_each(optimizer, distribution, grads_and_vars, slot_lists, apply) -> bool:
     """apply(var, grad, *slots) for every variable, per replica, with that variable's slot variables."""
     for grad, var in grads_and_vars:
-        index = optimizer._get_variable_index(var)
-        slots = tuple(slot_list[index].value for slot_list in slot_lists)
+        slots = compat.slot_variables(optimizer, var, slot_lists)
         distribution.extended.update(var, apply, args=(grad, *slots), group=False)
+    return True
 
 
-class FusedAdam(keras.optimizers.Adam):
+class FusedAdam(compat.FusedUpdate, keras.optimizers.Adam):
     """keras Adam, one ResourceApplyAdam per variable.
 
     Per variable, with t = iterations + 1: m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2);
     var -= m * lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) / (sqrt(v) + epsilon): Keras's update_step.
     """
 
-    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+    def fused_update(self, distribution, grads_and_vars, learning_rate) -> bool:
         if self.amsgrad or not _fusable(grads_and_vars):
-            return super()._distributed_tf_update_step(distribution, grads_and_vars, learning_rate)
+            return False
         f32 = tf.float32
         step = tf.cast(self.iterations + 1, f32)
         beta_1, beta_2 = tf.constant(self.beta_1, f32), tf.constant(self.beta_2, f32)
@@ -54,18 +55,18 @@ class FusedAdam(keras.optimizers.Adam):
                 var=var.handle, m=m.handle, v=v.handle, beta1_power=b1_power, beta2_power=b2_power, lr=lr,
                 beta1=b1, beta2=b2, epsilon=epsilon, grad=tf.cast(grad, f32))
 
-        _update_each(self, distribution, grads_and_vars, (self._momentums, self._velocities), apply)
+        return _update_each(self, distribution, grads_and_vars, compat.ADAM_SLOTS, apply)
 
 
-class FusedSGD(keras.optimizers.SGD):
+class FusedSGD(compat.FusedUpdate, keras.optimizers.SGD):
     """keras SGD with momentum, one ResourceApplyKerasMomentum per variable.
 
     Per variable: m = m * momentum - lr * g; then var += m * momentum - lr * g (Nesterov) or var += m.
     """
 
-    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+    def fused_update(self, distribution, grads_and_vars, learning_rate) -> bool:
         if self.momentum == 0 or not _fusable(grads_and_vars):
-            return super()._distributed_tf_update_step(distribution, grads_and_vars, learning_rate)
+            return False
         f32 = tf.float32
         lr, momentum = tf.cast(learning_rate, f32), tf.constant(self.momentum, f32)
 
@@ -74,7 +75,7 @@ class FusedSGD(keras.optimizers.SGD):
                 var=var.handle, accum=m.handle, lr=lr, grad=tf.cast(grad, f32), momentum=momentum,
                 use_nesterov=self.nesterov)
 
-        _update_each(self, distribution, grads_and_vars, (self.momentums,), apply)
+        return _update_each(self, distribution, grads_and_vars, ("momentums",), apply)
 
 
 OPTIMIZERS = {

@@ -1,19 +1,20 @@
-"""The streaming input pipeline: one code path for training, validation and inference (SPEC section 3).
+"""The streaming input pipeline: one code path for training, validation and inference.
 
 Importing this package imports TensorFlow. Everything per image runs as
 TensorFlow ops inside tf.data (no py_function).
 
 Datasets
 --------
-training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
-                 seed, random_seed, start_position, batch_size, max_image_pixels,
-                 num_parallel_calls=tf.data.AUTOTUNE, positions=None) -> tf.data.Dataset
+TrainingInput(height, width, augmentation, seed, batch_size, max_image_pixels)
+    frozen; TrainingInput.from_config(project_config) is the one mapping from project.json.
+training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
+                 positions=None, num_parallel_calls=tf.data.AUTOTUNE) -> tf.data.Dataset
     paths / tag_strings: the records of ONE slice, already in epoch order;
     element i has epoch position start_position + i (or positions[i] when
     given: a worker's shard under multi-worker training), and its augmentation is
     a pure function of (seed, random_seed, its position), whatever the
-    process or the parallelism. Ranges are (low, high) or None/[] (disabled),
-    as in ProjectConfig. Yields dicts
+    process or the parallelism. Augmentation ranges are (low, high) or
+    None/[] (disabled), as in ProjectConfig. Yields dicts
         {"image": float32 [b, height, width, 3] in [0, 1],
          "label": float32 [b, len(tags)] multi-hot in tags order,
          "position": int64 [b]}
@@ -88,7 +89,7 @@ Augmentation, warp_parameters, warp_batch, transform_batch: the geometry
 """
 
 from deepdanbooru.pipeline.badimages import BadImageTracker, diagnose, diagnose_bytes
-from deepdanbooru.pipeline.dataset import inference_dataset, preprocess_for_inference, training_dataset
+from deepdanbooru.pipeline.dataset import TrainingInput, inference_dataset, preprocess_for_inference, training_dataset
 from deepdanbooru.pipeline.decode import decode_image_bytes
 from deepdanbooru.pipeline.header import FORMAT_NAMES, image_header
 from deepdanbooru.pipeline.labels import multi_hot, tag_table
@@ -98,6 +99,7 @@ __all__ = [
     "Augmentation",
     "BadImageTracker",
     "FORMAT_NAMES",
+    "TrainingInput",
     "decode_image_bytes",
     "diagnose",
     "diagnose_bytes",

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from deepdanbooru.pipeline.decode import decode_image_bytes
+from deepdanbooru.pipeline.gaps import PositionGaps
 from deepdanbooru.pipeline.header import FORMAT_NAMES, UNKNOWN, declared_pixels, image_header
 
 # Reasons, as written in the third column of bad_images.txt (the details follow a colon).
@@ -116,7 +117,7 @@ class BadImageTracker:
         self.bad = 0
         self.reasons: collections.Counter[str] = collections.Counter()
         self.last_bad: list[tuple[int, str, str]] = []  # (position, path, reason) of the latest finish()
-        self._observed: list[np.ndarray] = []
+        self._gaps = PositionGaps()
 
     @property
     def used(self) -> int:
@@ -128,14 +129,11 @@ class BadImageTracker:
 
     def observe(self, positions) -> None:
         """Positions (int64) of the records in one batch that came out of the dataset."""
-        self._observed.append(np.asarray(positions, dtype=np.int64).reshape(-1))
+        self._gaps.observe(positions)
 
     def finish(self, start_position: int, count: int) -> int:
         """Close the range [start_position, start_position + count): diagnose and log its gaps; return their number."""
-        expected = np.arange(start_position, start_position + count, dtype=np.int64)
-        observed = np.concatenate(self._observed) if self._observed else np.zeros(0, np.int64)
-        self._observed = []
-        missing = np.setdiff1d(expected, observed, assume_unique=True)
+        missing = self._gaps.missing(np.arange(start_position, start_position + count, dtype=np.int64))
         self.last_bad = []
         for position in missing.tolist():
             path = str(self.paths[position])

@@ -11,6 +11,7 @@ after padding onto a fixed canvas: the compiled warp and the multi-hot labels.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
@@ -106,25 +107,40 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
     return dataset.prefetch(PREFETCH_BATCHES).with_options(_OPTIONS)
 
 
-def training_dataset(paths, tag_strings, tags, *, height, width, rotation_range, scale_range, shift_range,
-                     seed, random_seed, start_position, batch_size, max_image_pixels,
-                     num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True, positions=None):
+@dataclass(frozen=True)
+class TrainingInput:
+    """The settings a training dataset takes from project.json; `from_config` is the one mapping."""
+
+    height: int
+    width: int
+    augmentation: Augmentation
+    seed: int
+    batch_size: int
+    max_image_pixels: int
+
+    @classmethod
+    def from_config(cls, config) -> TrainingInput:
+        return cls(height=config.image_height, width=config.image_width,
+                   augmentation=Augmentation(config.rotation_range, config.scale_range, config.shift_range),
+                   seed=config.seed, batch_size=config.minibatch_size, max_image_pixels=config.max_image_pixels)
+
+
+def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
+                     positions=None, num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True):
     """Augmented, labelled batches of one slice; see the package docstring.
 
     `positions`: the epoch position of each record when they are not consecutive from start_position (a
     worker's shard of a slice under multi-worker training).
     """
-    augmentation = Augmentation(rotation_range, scale_range, shift_range)
     if positions is None:
         positions = np.arange(start_position, start_position + len(paths), dtype=np.int64)
     elif len(positions) != len(paths):
         raise ValueError(f"{len(paths)} paths but {len(positions)} positions")
     records = _records(paths, positions, tag_strings)
     return _build(
-        records, output_size=(height, width), augmentation=augmentation,
-        seeds=(seed, random_seed),
-        batch_size=batch_size, max_image_pixels=max_image_pixels, tags=tags,
-        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling,
+        records, output_size=(options.height, options.width), augmentation=options.augmentation,
+        seeds=(options.seed, random_seed), batch_size=options.batch_size, max_image_pixels=options.max_image_pixels,
+        tags=tags, num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling,
     )
 
 

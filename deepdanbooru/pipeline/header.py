@@ -13,8 +13,12 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-UNKNOWN, JPEG, PNG, GIF, BMP, WEBP = range(6)
-FORMAT_NAMES = ("unknown", "jpeg", "png", "gif", "bmp", "webp")
+from deepdanbooru.formats import IMAGE_FORMATS
+
+# Format indices in the graph: 0 for unknown, then deepdanbooru.formats' table order.
+FORMAT_NAMES = ("unknown", *(image_format.name for image_format in IMAGE_FORMATS))
+UNKNOWN = 0
+JPEG, PNG, GIF, BMP, WEBP = (FORMAT_NAMES.index(name) for name in ("jpeg", "png", "gif", "bmp", "webp"))
 
 HEAD_BYTES = 32
 # VP8X flag bits (byte 20 of a WebP file).
@@ -213,8 +217,9 @@ def parse_header(data):
     """(format, size, head bytes): image_header plus the bytes, for the decoder to reuse."""
     head = head_bytes(data)
     image_format = sniff_format(head)
+    parsers = {"jpeg": _jpeg, "png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp}
     branches = [lambda: _size(0, 0)] + [
-        (lambda parse: lambda: parse(data, head))(parse) for parse in (_jpeg, _png, _gif, _bmp, _webp)]
+        (lambda parse: lambda: parse(data, head))(parsers[name]) for name in FORMAT_NAMES[1:]]
     return image_format, tf.switch_case(tf.cast(image_format, tf.int32), branches), head
 
 

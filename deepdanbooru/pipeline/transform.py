@@ -36,7 +36,7 @@ class Augmentation:
     def __post_init__(self):
         for name in ("rotation_range", "scale_range", "shift_range"):
             value = getattr(self, name)
-            # [] disables like null does (SPEC section 2).
+            # [] disables like null does, as in DeepDanbooru's project.json.
             object.__setattr__(self, name, tuple(float(v) for v in value) if value else None)
 
     @property

@@ -8,10 +8,7 @@ the cause.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import socket
 import sqlite3
 import warnings
 from collections import Counter
@@ -20,18 +17,19 @@ from pathlib import Path
 from deepdanbooru.dataset import duplicates, records
 from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, split_stats, trust_warning
 from deepdanbooru.errors import UserError
+from deepdanbooru.formats import stored_extensions
 from deepdanbooru.models import table
-from deepdanbooru.preflight.images import EXTENSIONS, BadImage, inspect_image, too_large
+from deepdanbooru.preflight.images import BadImage, inspect_image, too_large
+from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.resume import describe_resume_point, resume_point
 from deepdanbooru.project.tags import load_tags, tags_hash
+from deepdanbooru.runstate.lock import owner_is_stale, read_owner
+from deepdanbooru.runstate.state import STATE_FILE, read_state_json
 
-DEFAULT_MAX_IMAGE_CHECKS = 20
 SHOWN_PROBLEMS = 3  # a FAIL line names this many bad rows, then counts the rest
-STATE_FILE = "state.json"  # written by training/state.py, read here without TensorFlow
-STATE_VERSION = 1
 
 
 class _Skip(Exception):
@@ -229,7 +227,8 @@ def check_images(run: Run):
         if info.pixels > config.max_image_pixels:
             bad.append(f"id {row_id} {path}: {too_large(info, config.max_image_pixels)}")
             continue
-        if str(ext).lower() not in EXTENSIONS[info.format]:
+        # A mismatch still decodes, but deserves a word.
+        if str(ext).lower() not in stored_extensions(info.format):
             mismatched.append(f"id {row_id} {path} holds {info.format.upper()}")
         formats[info.format] += 1
         sizes.add((info.width, info.height))
@@ -316,7 +315,7 @@ def check_checkpoint(run: Run):
         return FAIL, (f"{index}: names {prefix.name}, but its .index or .data files are missing; "
                       f"the next train-project cannot resume: restore them or move {directory} away to start fresh")
     detail = f"the next train-project will RESUME from {prefix}"
-    state, problem = _read_state(directory / STATE_FILE)
+    state, problem = read_state_json(directory)
     if problem:
         return WARN, f"{detail}; {problem}"
     if state is None:
@@ -330,21 +329,6 @@ def check_checkpoint(run: Run):
         return WARN, (f"{detail}; {STATE_FILE} describes {state['checkpoint']}, not the latest checkpoint "
                       f"{prefix.name} (a run stopped between the two writes): its counters may be behind")
     return PASS, detail
-
-
-def _read_state(path: Path):
-    """The trainer's JSON mirror of the counters saved in the checkpoint (version 1)."""
-    if not path.is_file():
-        return None, None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        return None, f"{path}: cannot be read: {error}"
-    if not isinstance(state, dict):
-        return None, f"{path}: does not hold a JSON object"
-    if state.get("version") != STATE_VERSION:
-        return None, f"{path}: version {state.get('version')!r} is not one this preflight reads"
-    return state, None
 
 
 def _progress(run: Run, state: dict) -> str:
@@ -375,32 +359,18 @@ def _mismatch(run: Run, state: dict) -> str | None:
 
 
 def check_lock(run: Run):
-    """train-project's lock file: JSON with pid, hostname and start time while a run holds the project."""
+    """train-project's lock file, judged as the next train-project would judge it."""
     lock = run.paths.lock
-    if not lock.exists():
+    owner = read_owner(lock)
+    if owner is None:
         return PASS, "no training run holds the project lock"
-    try:
-        owner = json.loads(lock.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        owner = None
-    if not isinstance(owner, dict):
+    if not owner:
         return WARN, f"{lock} exists with unreadable content: a train-project may be starting or was killed"
     who = f"pid {owner.get('pid')} on host {owner.get('hostname')}"
-    pid = owner.get("pid")
-    if owner.get("hostname") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
+    if owner_is_stale(lock, owner):
         return PASS, f"{lock} was left by {who}, which is no longer running; the next train-project takes it over"
     return WARN, (f"{lock}: held by {who}: a train-project may be running on this project "
                   "(if none is, delete the file)")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def check_duplicates(run: Run):

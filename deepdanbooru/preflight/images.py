@@ -44,15 +44,6 @@ class _Bad(Exception):
     """Raised by the parsers with a reason; inspect_image adds the path."""
 
 
-# Extensions a format is normally stored under: a mismatch still decodes, but deserves a word.
-EXTENSIONS = {
-    "jpeg": ("jpg", "jpeg", "jpe", "jfif"),
-    "png": ("png",),
-    "gif": ("gif",),
-    "bmp": ("bmp", "dib"),
-    "webp": ("webp",),
-}
-
 
 def inspect_image(path) -> ImageInfo:
     """The image's format and size from its header, or BadImage with a short reason."""

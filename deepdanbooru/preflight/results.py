@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from deepdanbooru import exitcodes
+
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class CheckResult:
 
 
 def exit_code(results) -> int:
-    return EXIT_FAILED if any(r.status == FAIL for r in results) else EXIT_OK
+    return exitcodes.FAILED if any(r.status == FAIL for r in results) else exitcodes.OK
 
 
 def render_text(results) -> str:
@@ -36,7 +37,7 @@ def render_text(results) -> str:
 def render_json(project, results) -> str:
     return json.dumps({
         "project": str(project),
-        "ok": exit_code(results) == EXIT_OK,
+        "ok": exit_code(results) == exitcodes.OK,
         "exit_code": exit_code(results),
         "checks": [asdict(r) for r in results],
     }, indent=2)

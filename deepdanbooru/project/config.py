@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from deepdanbooru.errors import ConfigError, file_field
+from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS
 
 PROJECT_FILE = "project.json"
 
@@ -27,8 +28,6 @@ MODEL_NAMES = (
 )
 LOSS_NAMES = ("binary_crossentropy", "focal_loss")
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
-DEEPDANBOORU_EXTENSIONS = ("png", "jpg", "jpeg")
-IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "gif", "webp", "bmp")
 BEST_MODEL_METRICS = ("macro_f1", "micro_f1", "map", "mcc", "loss")
 
 # Pillow's own decompression-bomb limit: about a 9,500 x 9,500 image.
@@ -205,7 +204,7 @@ def _did_you_mean(word: str, options) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-# --- the key table: SPEC section 2 first, in SPEC order, then ours ---
+# --- the key table: DeepDanbooru 1.0's keys first, in its order, then ours ---
 
 
 @dataclass(frozen=True)
@@ -216,7 +215,7 @@ class Key:
     meaning: str
     type_name: str
     valid: str = ""
-    spec: bool = True  # written by create-project in SPEC order
+    spec: bool = True  # a DeepDanbooru 1.0 key: create-project writes these first, in this order
 
 
 KEYS: tuple[Key, ...] = (
@@ -270,8 +269,8 @@ KEYS: tuple[Key, ...] = (
 )
 KEY_BY_NAME = {key.name: key for key in KEYS}
 
-# What create-project writes: SPEC keys in SPEC order plus the ones of ours a new
-# project should see. learning_rates is absent by default (SPEC).
+# What create-project writes: DeepDanbooru's keys in its order plus the ones of ours a new
+# project should see. learning_rates is absent by default, as DeepDanbooru left it.
 NEW_PROJECT_OVERRIDES = {"validation_fraction": 0.05}
 
 
@@ -406,7 +405,7 @@ def load_config(project_dir, uses: tuple[str, ...] | None = None) -> ProjectConf
 
 
 def default_project_json() -> dict[str, Any]:
-    """The JSON object create-project writes: SPEC keys in SPEC order, then ours a new project should set."""
+    """The JSON object create-project writes: DeepDanbooru's keys in its order, then ours a new project should set."""
     data = {}
     for key in KEYS:
         if key.spec and key.name != "learning_rates":

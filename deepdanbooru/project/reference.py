@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from deepdanbooru.project.config import KEYS, NEW_PROJECT_OVERRIDES
+from deepdanbooru.project.recipes import DEFAULT_RECIPE, RECIPES
 
 HEADER = """# project.json reference
 
@@ -30,8 +31,13 @@ refused everywhere, naming the key.
 """
 
 FOOTER = """
-`create-project` writes the SPEC keys above in this order (without
+`create-project` writes DeepDanbooru's keys above in this order (without
 `learning_rates`) plus {overrides}.
+`create-project --recipe NAME` lays a recipe's values over those (the default,
+`{default}`, is DeepDanbooru's and changes nothing); [quality.md](quality.md)
+has how they were chosen and what they measured:
+
+{recipes}
 
 A relative `database_path` is resolved against the project directory. The
 dataset's `images/` folder sits beside the SQLite file.
@@ -51,7 +57,11 @@ def render() -> str:
         origin = "" if key.spec else " *(ours)*"
         rows.append(f"| `{key.name}`{origin} | {key.type_name} | {_default(key)} | {key.valid} | {key.meaning} |")
     overrides = ", ".join(f"`{name}: {json.dumps(value)}`" for name, value in NEW_PROJECT_OVERRIDES.items())
-    return HEADER + "\n".join(rows) + "\n" + FOOTER.format(overrides=overrides)
+    recipes = "\n".join(
+        f"- `{name}`: " + (", ".join(f"`{key}: {json.dumps(value)}`" for key, value in values.items()) or "nothing")
+        for name, values in RECIPES.items())
+    return HEADER + "\n".join(rows) + "\n" + FOOTER.format(overrides=overrides, default=DEFAULT_RECIPE,
+                                                             recipes=recipes)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ changed by cropping.
 
 Image i depends only on (seed, i), so a smaller dataset is a prefix of a
 larger one with the same seed.
+
+This module draws the basic preset; PRESETS names the others (sample/hard.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import json
 import math
@@ -25,7 +28,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from deepdanbooru.errors import DatasetError, file_field
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.formats import IMAGE_FORMATS
 
 DATABASE_NAME = "dataset.sqlite"
 TAGS_NAME = "tags.txt"
@@ -61,14 +65,9 @@ TAGS: tuple[str, ...] = (
 SAFE_RADIUS = 0.4
 GAP = 0.03  # between shapes, so two shapes never merge into one blob
 
-# Pillow's format name, save options and the file_ext written to the database.
-FORMATS = {
-    "jpg": ("JPEG", {"quality": 95, "subsampling": 0}),
-    "png": ("PNG", {}),
-    "webp": ("WEBP", {"quality": 90, "method": 4}),
-    "gif": ("GIF", {}),
-    "bmp": ("BMP", {}),
-}
+# The file_ext written to the database -> Pillow's format name; save options where Pillow's defaults lose detail.
+FORMATS = {f.extension: f.pillow[0] for f in IMAGE_FORMATS}
+SAVE_OPTIONS = {"jpg": {"quality": 95, "subsampling": 0}, "webp": {"quality": 90, "method": 4}}
 
 SUPERSAMPLE = 4  # drawn large then box-filtered: anti-aliased edges, still deterministic
 RATINGS = ("g", "s", "q", "e")
@@ -159,7 +158,7 @@ def draw_picture(rng: np.random.Generator, size: int) -> tuple[Image.Image, tupl
 
 
 def encode(picture: Image.Image, image_format: str) -> bytes:
-    pillow_format, options = FORMATS[image_format]
+    pillow_format, options = FORMATS[image_format], SAVE_OPTIONS.get(image_format, {})
     if image_format == "gif":
         # A fixed adaptive palette keeps GIF output deterministic and close to the RGB picture.
         picture = picture.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
@@ -168,11 +167,27 @@ def encode(picture: Image.Image, image_format: str) -> bytes:
     return buffer.getvalue()
 
 
-def make_post(seed: int, index: int, size: int, image_format: str, taken: set[str]) -> tuple[Post, bytes]:
+# preset -> (module with draw_picture and TAGS, version written to the recipe; None for basic,
+# whose recipe predates presets and must keep matching datasets made before them).
+# Bump a version when its pictures change, so an old dataset is not mistaken for the current one.
+PRESETS = {
+    "basic": ("deepdanbooru.sample.generator", None),
+    "hard": ("deepdanbooru.sample.hard", 1),
+}
+
+
+def preset_module(preset: str):
+    if preset not in PRESETS:
+        raise DatasetError(f"preset {preset!r} is not one of {', '.join(PRESETS)}")
+    return importlib.import_module(PRESETS[preset][0])
+
+
+def make_post(seed: int, index: int, size: int, image_format: str, taken: set[str],
+              draw=draw_picture) -> tuple[Post, bytes]:
     """Post index (id index + 1) and its encoded image; redraws on the rare identical picture."""
     rng = np.random.default_rng([seed, index])
     while True:
-        picture, tags = draw_picture(rng, size)
+        picture, tags = draw(rng, size)
         data = encode(picture, image_format)
         md5 = hashlib.md5(data).hexdigest()
         if md5 not in taken:
@@ -237,6 +252,7 @@ def generate_sample_dataset(
     image_format: str = "jpg",
     overwrite: bool = False,
     reuse_identical: bool = False,
+    preset: str = "basic",
 ) -> tuple[Path, list[str]]:
     """Write DIR/dataset.sqlite, DIR/images/<md5[0:2]>/<md5>.<ext> and DIR/tags.txt.
 
@@ -252,32 +268,38 @@ def generate_sample_dataset(
         raise DatasetError(f"size must be an integer >= 16, got {size!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise DatasetError(f"seed must be an integer >= 0, got {seed!r}")
+    module = preset_module(preset)
     if directory.exists() and not directory.is_dir():
         raise DatasetError(f"{directory}: exists and is not a directory")
     database = directory / DATABASE_NAME
-    recipe = _recipe(count, size, seed, image_format)
+    recipe = _recipe(count, size, seed, image_format, preset)
+    tags = list(module.TAGS)
     if database.exists() and not overwrite:
         if reuse_identical and existing_recipe(directory) == recipe:
-            return database, list(TAGS)
+            return database, tags
         raise DatasetError(file_field(database, None, "already exists; use --overwrite to replace it"))
 
     images = directory / "images"
     taken: set[str] = set()
     posts = []
     for index in range(count):
-        post, data = make_post(seed, index, size, image_format, taken)
+        post, data = make_post(seed, index, size, image_format, taken, module.draw_picture)
         _write_image(images / post.md5[:2] / f"{post.md5}.{post.file_ext}", data)
         posts.append(post)
     directory.mkdir(parents=True, exist_ok=True)
     _write_database(database, posts)
-    write_text_atomic(directory / TAGS_NAME, "\n".join(TAGS) + "\n")
+    write_text_atomic(directory / TAGS_NAME, "\n".join(tags) + "\n")
     # Written last: its presence says the dataset above is complete and what made it.
     write_text_atomic(directory / RECIPE_NAME, json.dumps(recipe, indent=2) + "\n")
-    return database, list(TAGS)
+    return database, tags
 
 
-def _recipe(count, size, seed, image_format) -> dict:
-    return {"generator": RECIPE_VERSION, "count": count, "size": size, "seed": seed, "format": image_format}
+def _recipe(count, size, seed, image_format, preset) -> dict:
+    recipe = {"generator": RECIPE_VERSION, "count": count, "size": size, "seed": seed, "format": image_format}
+    version = PRESETS[preset][1]
+    if version is not None:
+        recipe.update(preset=preset, preset_version=version)
+    return recipe
 
 
 def existing_recipe(directory) -> dict | None:

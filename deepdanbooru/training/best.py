@@ -22,9 +22,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.metrics import is_improvement, json_ready
+from deepdanbooru.scoring.metrics import is_improvement, json_ready
 from deepdanbooru.training.monitors import Monitor, ValidationReport
 from deepdanbooru.training.validation import report_fields, write_sidecars
 
@@ -78,7 +78,7 @@ class BestModelMonitor(Monitor):
         return {"best_model": self.state}
 
     def on_train_begin(self, run):
-        self.model = run.extras.get("model")
+        self.model = run.model
         saved = self.state.get()
         if saved is None:
             return

@@ -20,7 +20,7 @@ import tempfile
 
 import tensorflow as tf
 
-from deepdanbooru.training.cluster import ClusterRole
+from deepdanbooru.runstate.cluster import ClusterRole
 
 
 def needs_every_worker(variables) -> bool:

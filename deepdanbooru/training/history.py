@@ -21,15 +21,15 @@ import os
 import time
 from pathlib import Path
 
-from deepdanbooru.project.create import write_text_atomic
-from deepdanbooru.training.metrics import json_ready
+from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.runstate.state import SCHEDULE_COUNTERS
+from deepdanbooru.scoring.metrics import json_ready
 from deepdanbooru.training.monitors import Monitor, Progress
 
-COUNTERS = ("used_epoch", "used_minibatch", "used_sample", "offset", "random_seed")
 
 
 def counters(progress: Progress) -> dict:
-    return {name: getattr(progress, name) for name in COUNTERS}
+    return {name: getattr(progress, name) for name in SCHEDULE_COUNTERS}
 
 
 def restored_step(run) -> int:

@@ -1,11 +1,12 @@
-"""The slice loop of SPEC section 5: train, checkpoint, resume, export.
+"""The slice loop: train, checkpoint, resume, export (docs/training.md).
 
     while used_epoch < epoch_count:
         order = permutation(train records, seed=(seed, random_seed))
         learning rate = schedule(used_epoch)
         while offset < len(records):
             train on order[offset : offset + checkpoint_frequency_mb * minibatch_size]
-            offset += slice length; checkpoint (latest 3 kept); mirror to state.json
+            count the bad images; offset = end of the slice
+            validate when due; checkpoint (latest 3 kept); mirror to state.json
         used_epoch += 1; random_seed += 1; offset = 0; export when due
     export the final model
 
@@ -27,29 +28,21 @@ import tensorflow as tf
 
 from deepdanbooru.errors import Interrupted, ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
+from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
+from deepdanbooru.pipeline import TrainingInput
 from deepdanbooru.project.resume import describe_resume_point
 from deepdanbooru.project.tags import tags_hash
+from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, write_state_json
+from deepdanbooru.scoring.split import records_hash
 from deepdanbooru.training.chief import checkpoint_manager
+from deepdanbooru.training.data import Epoch, slice_input
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport, validation_trigger
-from deepdanbooru.training.precision import MIXED, choose_policy, global_policy, with_policy
-from deepdanbooru.training.state import (
-    Counters,
-    ResumeState,
-    RunIdentity,
-    check_identity,
-    read_checkpoint_state,
-    write_state_json,
-)
-from deepdanbooru.training.split import records_hash
-from deepdanbooru.training.sharding import WorkerSums, check_same_setup, distribute_slice, setup_fingerprints
+from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport
+from deepdanbooru.training.schedule import Schedule
+from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
+from deepdanbooru.training.state import ResumeState, read_checkpoint_state
 from deepdanbooru.training.step import TrainStep, build_optimizer
-from deepdanbooru.training.strategy import (
-    check_global_batch,
-    choose_strategy,
-    describe_strategy,
-    synchronize_batch_norm,
-)
+from deepdanbooru.training.strategy import check_global_batch, describe_strategy, synchronize_batch_norm
 from deepdanbooru.training.validation import Validator, write_sidecars
 
 KEEP_CHECKPOINTS = 3
@@ -102,42 +95,73 @@ def _make_model(plan, policy: str) -> keras.Model:
     return with_policy(loaded, policy)
 
 
-def _epoch_order(n: int, seed: int, random_seed: int) -> np.ndarray:
-    return np.random.default_rng([seed, random_seed]).permutation(n)
+def _monitor_state(monitors) -> tf.Module:
+    """The monitors' checkpoint_objects under one key, so they never collide with the trainer's own."""
+    state = tf.Module(name="monitors")
+    for monitor in monitors:
+        for name, trackable in monitor.checkpoint_objects().items():
+            if hasattr(state, name):
+                raise ValueError(f"two monitors save state under the checkpoint key {name!r}")
+            setattr(state, name, trackable)
+    return state
 
 
 class SliceTrainer:
-    """Owns model, optimizer, checkpoint and counters for one train-project run."""
+    """One train-project run: the model, optimizer, checkpoint and counters, and the loop over them.
 
-    def __init__(self, plan, monitors, echo=print):
-        self.plan = plan
-        self.config = plan.config
-        self.paths = plan.paths
+    Built in the order TensorFlow needs: the strategy exists already (train.py
+    chose it before anything started TensorFlow's runtime), then the model and
+    optimizer are created in its scope, then the checkpoint is restored into
+    them, then the step is compiled around them.
+    """
+
+    def __init__(self, plan, strategy, monitors, echo=print):
+        self.plan, self.config, self.paths = plan, plan.config, plan.paths
+        self.strategy, self.role = strategy, plan.role
         self.monitors = list(monitors)
         self.echo = echo
-        self.train = plan.train
-        self.n = len(plan.train)
-        self.slice_records = self.config.checkpoint_frequency_mb * self.config.minibatch_size
-        self.train_paths = self.train.paths()
+        self.train_records = plan.train
+        self.train_paths = plan.train.paths()
+        self.schedule = Schedule.from_config(self.config, len(plan.train))
+        self.input_options = TrainingInput.from_config(self.config)
 
-        self.role = plan.role
-        # First of all: collectives and logical devices cannot be configured once TensorFlow's runtime runs.
-        self.strategy = choose_strategy(plan.devices, self.role)
-        check_global_batch(self.strategy, self.config.minibatch_size, self.config.config_path)
-        echo(describe_strategy(self.strategy, self.role, self.config.minibatch_size))
+        check_global_batch(strategy, self.config.minibatch_size, self.config.config_path)
+        echo(describe_strategy(strategy, self.role, self.config.minibatch_size))
         _enable_determinism(self.config.seed)
         self.policy = choose_policy(self.config.mixed_precision, plan.force_mixed_precision, echo)
         self.identity = RunIdentity(self.config.model, self.config.image_height, self.config.image_width,
                                     tags_hash(plan.tags), len(plan.tags))
-        self.records_hash = records_hash(self.train)
+        self.records_hash = records_hash(plan.train)
+        self.latest = self._latest_checkpoint_of_this_setup()
+        self._build_model_and_optimizer()
+        self.counters = self._restore()
+        self.worker_sums = self._agree_with_the_other_workers()
+        self.step = TrainStep(strategy, self.model, self.optimizer, self.config.loss,
+                              loss_scaled=self.policy == MIXED)
+        self.step.sums.step.assign(self.counters.used_minibatch)
+        # used_sample at the start of this process; the step's sums add what this process trains.
+        self._base_samples = self.counters.used_sample
+        # Validation writes reports and exports: the chief's job in a cluster.
+        self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
+            if len(plan.validation) and self.role.is_chief else None
+        self._last_log = time.monotonic()
+        self._eta = Eta(self.schedule.done_records(self.schedule.epoch_count, 0))
+        # What the latest checkpoint holds, for the interrupt message: (path, counters) or None.
+        self._saved = (self.latest, replace(self.counters)) if self.latest else None
+        self._position = self.counters.offset  # records of the current epoch handed to the model
 
-        self.latest = tf.train.latest_checkpoint(str(self.paths.checkpoints))
-        if self.latest:
-            _, saved = read_checkpoint_state(self.latest)
+    # --- setting up ---
+
+    def _latest_checkpoint_of_this_setup(self) -> str | None:
+        latest = tf.train.latest_checkpoint(str(self.paths.checkpoints))
+        if latest:
+            _, saved = read_checkpoint_state(latest)
             check_identity(saved, self.identity, self.paths.checkpoints, self.paths.tags, self.config.config_path)
+        return latest
 
+    def _build_model_and_optimizer(self) -> None:
         with self.strategy.scope():
-            self.model = _make_model(plan, self.policy)
+            self.model = _make_model(self.plan, self.policy)
             rate = self.config.learning_rate_for_epoch(0)
             self.optimizer, inner = build_optimizer(
                 # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
@@ -153,26 +177,6 @@ class SliceTrainer:
         # Only the chief writes checkpoints; a worker's manager only counts them.
         self.manager = checkpoint_manager(self.checkpoint, self.paths.checkpoints, self.role, self.latest,
                                           self.model.variables + self.optimizer.variables, KEEP_CHECKPOINTS)
-        self.counters = self._restore()
-        # What the latest checkpoint holds, for the interrupt message: (path, counters) or None.
-        self._saved = (self.latest, replace(self.counters)) if self.latest else None
-        self._position = self.counters.offset  # records of the current epoch handed to the model
-        self.sums = WorkerSums(self.strategy) if self.role.in_cluster else None
-        if self.sums is not None:
-            check_same_setup(self.sums, self.role, setup_fingerprints(
-                self.config, self.identity, self.records_hash, self.counters, self.latest))
-        # used_sample at the start of this process; the step's counter adds what this process trains.
-        self._base_samples = self.counters.used_sample
-        self.step = TrainStep(self.strategy, self.model, self.optimizer, self.config.loss,
-                              loss_scaled=self.policy == MIXED)
-        self.step.counters.step.assign(self.counters.used_minibatch)
-        # Validation writes reports and exports: the chief's job in a cluster.
-        self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
-            if len(plan.validation) and self.role.is_chief else None
-        self._last_log = time.monotonic()
-        self._eta = Eta(self.config.epoch_count * self.n)
-
-    # --- resume ---
 
     def _restore(self) -> Counters:
         if not self.latest:
@@ -201,6 +205,14 @@ class SliceTrainer:
                       "epoch may be seen twice or not at all")
         return counters
 
+    def _agree_with_the_other_workers(self) -> WorkerSums | None:
+        if not self.role.in_cluster:
+            return None
+        sums = WorkerSums(self.strategy)
+        check_same_setup(sums, self.role, setup_fingerprints(
+            self.config, self.identity, self.records_hash, self.counters, self.latest))
+        return sums
+
     # --- the loop ---
 
     def run(self) -> Counters:
@@ -213,19 +225,26 @@ class SliceTrainer:
                 monitor.close()
 
     def _run(self) -> Counters:
-        c = self.counters
+        c, schedule = self.counters, self.schedule
         for monitor in self.monitors:
             monitor.on_train_begin(self._run_info())
-        epochs = self.config.epoch_count
-        if c.used_epoch >= epochs or (c.used_epoch == epochs - 1 and c.offset >= self.n):
-            # The last checkpoint of a run is its last slice's: only the epoch end and exports are left.
-            self.echo(f"Training already complete ({epochs} of {epochs} epochs); writing the exports again. "
-                      f"Raise epoch_count in {self.config.config_path} to train further")
-        while c.used_epoch < epochs:
-            order = _epoch_order(self.n, self.config.seed, c.random_seed)
+        if schedule.trained_out(c.used_epoch, c.offset):
+            self.echo(f"Training already complete ({schedule.epoch_count} of {schedule.epoch_count} epochs); "
+                      f"writing the exports again. Raise epoch_count in {self.config.config_path} to train further")
+        while c.used_epoch < schedule.epoch_count:
+            order = schedule.order(c.random_seed)
             self.optimizer.learning_rate = self.config.learning_rate_for_epoch(c.used_epoch)
-            while c.offset < self.n:
-                self._train_slice(order)
+            while c.offset < schedule.train_records:
+                stop = schedule.slice_stop(c.offset)
+                bad = self._train_slice(order, c.offset, stop)
+                self._count_bad_images(bad, stop)
+                c.used_sample = self._samples_trained()
+                c.offset = stop
+                # Before the checkpoint, so what validation changes (best-so-far value, history) is saved with it.
+                trigger = schedule.validation_after(stop)
+                if trigger and self.validator is not None:
+                    self._validate(trigger)
+                self._checkpoint()
             self._end_epoch()
         self._export(self.paths.final_export(self.config.model), "final")
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
@@ -236,33 +255,35 @@ class SliceTrainer:
             monitor.on_train_end(self._progress())
         return c
 
-    def _train_slice(self, order: np.ndarray) -> None:
+    def _train_slice(self, order: np.ndarray, start: int, stop: int) -> int:
+        """Train on epoch positions start..stop-1; returns how many of them were bad images."""
         c = self.counters
-        start = c.offset
-        stop = min(start + self.slice_records, self.n)
-        slice_data, distributed = distribute_slice(
-            self.strategy, self.role, self.sums, self.config, self.plan.tags, self.train_paths,
-            self.train.tag_strings, order, start=start, stop=stop, random_seed=c.random_seed,
-            epoch=c.used_epoch + 1, bad_image_log=self.paths.bad_images)
-        self.step.bind(distributed.element_spec)
+        epoch = Epoch(self.train_paths, self.train_records.tag_strings, self.plan.tags, order, c.used_epoch + 1,
+                      c.random_seed, self.paths.bad_images)
+        source = slice_input(self.strategy, self.role, self.worker_sums, epoch, self.input_options, start, stop)
+        self.step.bind(source.dataset.element_spec)
         steps = 0
-        for batch in distributed:
+        for batch in source.dataset:
             self.step(batch)
             steps += 1
             c.used_minibatch += 1
-            slice_data.observe(self.strategy.experimental_local_results(batch["position"]))
+            source.observe(self.strategy.experimental_local_results(batch["position"]))
             position = self._position = min(start + steps * self.config.minibatch_size, stop)
             for monitor in self.monitors:
                 monitor.on_step(self._progress(), position)
             if c.used_minibatch % self.config.console_logging_frequency_mb == 0:
                 self._log(position)
-        bad = slice_data.finish()
+        bad = source.finish()
         self._check_finite()
         if steps == 0:
             raise TrainingError(file_field(
                 self.paths.bad_images, None,
                 f"no usable batch in records {start}..{stop - 1} of epoch {c.used_epoch + 1}: "
                 f"all {stop - start} images failed to load (they are listed in this file)"))
+        return bad
+
+    def _count_bad_images(self, bad: int, stop: int) -> None:
+        c = self.counters
         c.epoch_bad_images += bad
         if c.epoch_bad_images > self.config.max_bad_image_fraction * stop:
             raise TrainingError(file_field(
@@ -270,15 +291,9 @@ class SliceTrainer:
                 f"{c.epoch_bad_images} of {stop} images in epoch {c.used_epoch + 1} failed to load, more than "
                 f"max_bad_image_fraction {self.config.max_bad_image_fraction} of {self.config.config_path}; "
                 "fix or remove the images listed in this file, or raise the limit"))
-        c.used_sample = self._base_samples + int(self.step.counters.total_samples.numpy())
-        c.offset = stop
-        # Before the checkpoint, so what validation changes (best-so-far value, history) is saved with it.
-        if self.validator is not None:
-            trigger = validation_trigger(-(-stop // self.slice_records), stop >= self.n,
-                                         self.config.validation_frequency_slices)
-            if trigger:
-                self._validate(trigger)
-        logs: dict = {}
+
+    def _checkpoint(self) -> None:
+        logs: dict = {"learning_rate": float(self.optimizer.learning_rate.numpy())}
         for monitor in self.monitors:
             monitor.before_checkpoint(self._progress(), logs)
         saving = time.monotonic()
@@ -297,14 +312,13 @@ class SliceTrainer:
         logs: dict = {}
         for monitor in self.monitors:
             monitor.on_epoch_end(self._progress(), logs)
-        every = self.config.export_model_per_epoch
-        if every == 0 or c.used_epoch % every == 0:
+        if self.schedule.export_due(c.used_epoch):
             self._export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch")
 
     # --- checkpoints, exports, safety ---
 
     def _check_finite(self) -> None:
-        step = self.step.counters.first_bad()
+        step = self.step.sums.first_bad()
         if step is None:
             return
         last = self.manager.latest_checkpoint
@@ -328,7 +342,8 @@ class SliceTrainer:
         if not self.role.is_chief:
             return
         write_state_json(self.paths.checkpoints, checkpoint, self.counters, self.identity, complete=complete,
-                         epoch_count=self.config.epoch_count, train_records=self.n, records_hash=self.records_hash)
+                         epoch_count=self.config.epoch_count, train_records=self.schedule.train_records,
+                         records_hash=self.records_hash)
 
     def _export(self, path: Path, kind: str) -> None:
         if not self.role.is_chief:
@@ -352,18 +367,22 @@ class SliceTrainer:
 
     # --- reporting ---
 
+    def _samples_trained(self) -> int:
+        """used_sample now: what earlier processes trained plus what this one's step has counted."""
+        return self._base_samples + int(self.step.sums.total_samples.numpy())
+
     def _progress(self) -> Progress:
         c = self.counters
         return Progress(c.used_epoch, c.used_minibatch, c.used_sample, c.offset, c.random_seed,
-                        self.config.epoch_count, self.n)
+                        self.schedule.epoch_count, self.schedule.train_records)
 
     def _done_records(self, position: int | None = None) -> int:
         c = self.counters
-        return c.used_epoch * self.n + (c.offset if position is None else position)
+        return self.schedule.done_records(c.used_epoch, c.offset if position is None else position)
 
     def _log(self, position: int) -> None:
         self._check_finite()
-        window = self.step.counters.read_window()
+        window = self.step.sums.read_window()
         now = time.monotonic()
         samples = window["samples"]
         elapsed = max(now - self._last_log, 1e-9)
@@ -373,8 +392,7 @@ class SliceTrainer:
         recall = tp / (tp + fn) if tp + fn else 0.0
         f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
         eta = self._eta.update(now, self._done_records(position))
-        progress = replace(self._progress(), used_sample=self._base_samples
-                           + int(self.step.counters.total_samples.numpy()))
+        progress = replace(self._progress(), used_sample=self._samples_trained())
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
                       precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,
                       eta_seconds=eta, fraction=progress.fraction(position),
@@ -384,41 +402,30 @@ class SliceTrainer:
 
     def _interrupt_message(self) -> str:
         """Where the run stands, what its last checkpoint holds and that the same command resumes."""
-        c, epochs = self.counters, self.config.epoch_count
+        c, epochs, n = self.counters, self.schedule.epoch_count, self.schedule.train_records
         stands = (f"stopped in epoch {min(c.used_epoch + 1, epochs)} of {epochs} at record {self._position} of "
-                  f"{self.n} (step {c.used_minibatch})")
+                  f"{n} (step {c.used_minibatch})")
         if self._saved is None:
             return f"{stands}; no checkpoint was written yet, so running the same command starts fresh"
         path, saved = self._saved
-        return (f"{stands}; the last checkpoint {path} holds {describe_resume_point(vars(saved), self.n, epochs)}; "
+        return (f"{stands}; the last checkpoint {path} holds {describe_resume_point(vars(saved), n, epochs)}; "
                 "running the same command resumes from it")
 
     def _run_info(self) -> RunInfo:
-        slices = -(-self.n // self.slice_records)
+        schedule = self.schedule
         return RunInfo(
             project=self.paths.root, model_name=self.config.model, input_shape=self.config.input_shape,
-            batch_size=self.config.minibatch_size, epoch_count=self.config.epoch_count,
-            train_records=self.n, validation_records=len(self.plan.validation),
-            slice_records=self.slice_records, slices_per_epoch=slices, policy=self.policy,
+            batch_size=self.config.minibatch_size, epoch_count=schedule.epoch_count,
+            train_records=schedule.train_records, validation_records=len(self.plan.validation),
+            slice_records=schedule.slice_records, slices_per_epoch=schedule.slices_per_epoch, policy=self.policy,
             resumed_from=self.latest, start=self._progress(),
             source_model=str(self.plan.source_model) if self.plan.source_model else None,
             validation_fraction=self.config.validation_fraction,
-            validation_frequency_slices=self.config.validation_frequency_slices,
+            validation_frequency_slices=schedule.validation_every,
             best_model_metric=self.config.best_model_metric, config_path=self.config.config_path,
             trust_warning=self.plan.trust_warning if self.role.is_chief else None,
-            extras={"model": self.model, "optimizer": self.optimizer, "strategy": self.strategy, "plan": self.plan})
+            model=self.model)
 
 
-def _monitor_state(monitors) -> tf.Module:
-    """The monitors' checkpoint_objects under one key, so they never collide with the trainer's own."""
-    state = tf.Module(name="monitors")
-    for monitor in monitors:
-        for name, trackable in monitor.checkpoint_objects().items():
-            if hasattr(state, name):
-                raise ValueError(f"two monitors save state under the checkpoint key {name!r}")
-            setattr(state, name, trackable)
-    return state
-
-
-def train(plan, monitors, echo=print) -> Counters:
-    return SliceTrainer(plan, monitors, echo).run()
+def train(plan, strategy, monitors, echo=print) -> Counters:
+    return SliceTrainer(plan, strategy, monitors, echo).run()

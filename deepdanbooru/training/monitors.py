@@ -8,7 +8,8 @@ that one placed later (the console) prints.
 
 Order of events around a checkpoint: on_validation (when the slice is due
 for one), before_checkpoint, the checkpoint is written, on_slice_end (same
-`logs` as before_checkpoint). Whatever a monitor must not lose to a kill
+`logs` as before_checkpoint, which holds the learning rate in force and,
+after the save, checkpoint_seconds). Whatever a monitor must not lose to a kill
 (history lines, TensorBoard events, the best-so-far value in its
 checkpoint_objects) is therefore durable once the checkpoint exists.
 """
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from deepdanbooru.project.resume import describe_resume_point
+from deepdanbooru.training.schedule import validation_trigger
 
 
 @dataclass
@@ -46,8 +48,7 @@ class RunInfo:
     best_model_metric: str = "macro_f1"
     config_path: Path | None = None
     trust_warning: str | None = None  # dataset.trust's line when the split cannot measure the model
-    # Live objects for monitors that need them (validation, best-model export); read-only by convention.
-    extras: dict[str, Any] = field(default_factory=dict)
+    model: Any = None  # the keras.Model being trained, for monitors that export it; they must not change it
 
 
 @dataclass
@@ -284,18 +285,6 @@ def validation_plan_line(run: RunInfo) -> str:
 # A validation record costs about 1/4.5 of a training record (forward pass only; docs/performance.md).
 VALIDATION_RECORD_COST = 1 / 4.5
 VALIDATION_NOTICE_SHARE = 0.10
-
-
-def validation_trigger(slice_number: int, last: bool, every: int) -> str | None:
-    """Whether validation runs after slice `slice_number` (1-based, within the epoch): "epoch", "slice" or None.
-
-    After the epoch's `last` slice always; before it, after every `every`-th slice (0: never mid-epoch).
-    """
-    if last:
-        return "epoch"
-    if every and slice_number % every == 0:
-        return "slice"
-    return None
 
 
 def validation_cost_notice(run: RunInfo) -> str | None:

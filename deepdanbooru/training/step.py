@@ -1,9 +1,9 @@
-"""The compiled train step and the in-graph counters it keeps.
+"""The compiled train step and the in-graph sums it keeps (StepSums).
 
 Written against the tf.distribute API so a strategy other than the default
 runs it unchanged: per-replica work in `strategy.run`, the loss averaged over
-the real global batch (partial batches included), sums reduced across
-replicas before they touch the counters. Nothing here reads a tensor back to
+the real global batch (partial batches included), values reduced across
+replicas before they are added to the sums. Nothing here reads a tensor back to
 the host; the loop does that only when it prints or checkpoints.
 """
 
@@ -24,8 +24,8 @@ def _counter(name, dtype=tf.float64, initial=0):
     return tf.Variable(initial, dtype=dtype, trainable=False, name=name)
 
 
-class Counters:
-    """Sums since the last console line, plus two that the loop reads less often.
+class StepSums:
+    """In-graph sums the step keeps: those since the last console line, plus two the loop reads less often.
 
     float64: counts of true positives over a window of 10,000 tags x 3,200
     samples pass float32's exact-integer range (2**24).
@@ -76,7 +76,7 @@ class TrainStep:
         self.loss = make_loss(loss_name, reduction="none")
         take_over_gradient_reduction(optimizer, strategy)
         with strategy.scope():
-            self.counters = Counters()
+            self.sums = StepSums()
         self._function = None
 
     def bind(self, element_spec) -> None:
@@ -116,7 +116,7 @@ class TrainStep:
     def _step(self, batch):
         per_replica = self.strategy.run(self._replica_step, args=(batch["image"], batch["label"]))
         loss_sum, samples, tp, fp, fn = (self.strategy.reduce(_SUM, value, axis=None) for value in per_replica)
-        c = self.counters
+        c = self.sums
         c.step.assign_add(1)
         # Recorded, not raised: raising would need a host sync every step.
         bad = tf.logical_and(tf.logical_not(tf.math.is_finite(loss_sum)), c.first_bad_step < 0)

@@ -28,8 +28,10 @@ import re
 import keras
 import tensorflow as tf
 
+from deepdanbooru import compat
 from deepdanbooru.errors import ConfigError, TrainingError, file_field
-from deepdanbooru.training.cluster import LOGICAL_CPUS_ENV, ClusterRole, DeviceChoice, cluster_role, logical_cpus
+from deepdanbooru.tfruntime import tune_graph_optimizer
+from deepdanbooru.runstate.cluster import LOGICAL_CPUS_ENV, ClusterRole, DeviceChoice, cluster_role, logical_cpus
 
 _SUM = tf.distribute.ReduceOp.SUM
 # One strategy per settings and process: TensorFlow cannot build a second MultiWorkerMirroredStrategy.
@@ -77,18 +79,6 @@ def choose_strategy(devices: DeviceChoice | None = None, role: ClusterRole | Non
         _chosen[key] = _create_strategy(*key)
         tune_graph_optimizer()
     return _chosen[key]
-
-
-def tune_graph_optimizer() -> None:
-    """Without a GPU, skip grappler's rewrites of compiled functions (process-wide; training and inference).
-
-    On a CPU they cost ~7 s of the first train step of resnet_custom_v4 (17.0 s -> 9.6 s in one process,
-    side by side) and ~0.4 s of the first inference call, and gain nothing per step (training 1.14 / 1.06 s,
-    inference 0.39-0.41 s either way; docs/performance.md). With a GPU they stay on: the layout optimizer
-    and the remapper's fused kernels matter there.
-    """
-    if not tf.config.list_logical_devices("GPU"):
-        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 
 def _create_strategy(devices: DeviceChoice, role: ClusterRole, cpus: int) -> tf.distribute.Strategy:
@@ -166,20 +156,11 @@ def portable_batch_norm(model: keras.Model):
             layer.synchronized = True
 
 
-def _pass_through(grads_and_vars):
-    return list(grads_and_vars)
-
-
 def take_over_gradient_reduction(optimizer, strategy: tf.distribute.Strategy) -> None:
     """Stop Keras from summing gradients across replicas: `sum_across_replicas` has done it, before clipping."""
     if replicas(strategy) < 2:
         return
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    if not callable(getattr(inner, "_all_reduce_sum_gradients", None)):
-        # Silently reducing twice would multiply every gradient by the replica count.
-        raise RuntimeError(f"Keras {keras.__version__} no longer has Optimizer._all_reduce_sum_gradients; "
-                           "update deepdanbooru.training.strategy.take_over_gradient_reduction")
-    inner._all_reduce_sum_gradients = _pass_through
+    compat.keep_gradients_unreduced(getattr(optimizer, "inner_optimizer", optimizer))
 
 
 def sum_across_replicas(gradients: list) -> list:

@@ -19,8 +19,8 @@ from deepdanbooru.models.table import check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.tags import load_tags
-from deepdanbooru.training.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
-from deepdanbooru.training.lock import TrainingLock
+from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
+from deepdanbooru.runstate.lock import TrainingLock
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,13 @@ class TrainingPlan:
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
     trust_warning: str | None = None  # printed at start and end when the split cannot measure the model
-    split_note: str | None = None  # why a run keeps its split by post id (training.split.split_for_run)
+    split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None) -> TrainingPlan:
-    from deepdanbooru.training.split import saved_run_state, split_for_run
+    from deepdanbooru.runstate.state import read_state_json
+    from deepdanbooru.scoring.split import split_for_run
 
     role = cluster_role()
     device_choice = parse_devices(devices)
@@ -63,7 +64,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
     train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
-                                                  saved_run_state(paths.checkpoints))
+                                                  read_state_json(paths.checkpoints)[0])
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
@@ -73,7 +74,6 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     return TrainingPlan(config, paths, tags, train, validation, source_model, force_mixed_precision, device_choice,
                         role, split_note=split_note,
                         trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
-
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
     """The monitors of a normal run, in call order (a worker that is not the chief only prints).
@@ -99,7 +99,7 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,
                   monitors=None, devices: str | None = None):
-    """Train (or resume) the project; returns the final counters (training.state.Counters).
+    """Train (or resume) the project; returns the final counters (runstate.state.Counters).
 
     devices: "all" (default), "cpu" or GPU indices such as "0,1" (see training.strategy).
     """
@@ -127,9 +127,9 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")
             # Before the monitors create their variables: that starts TensorFlow's runtime, after which
             # collectives and logical devices can no longer be configured.
-            choose_strategy(plan.devices, plan.role)
+            strategy = choose_strategy(plan.devices, plan.role)
             # The console repeats the warning at the end, next to the final figures it is about.
-            return train(plan, build_monitors(plan, echo) if monitors is None else monitors, echo)
+            return train(plan, strategy, build_monitors(plan, echo) if monitors is None else monitors, echo)
 
 
 def _warn_untrusted(plan: TrainingPlan, echo) -> None:

@@ -1,10 +1,11 @@
-"""One train-project per project: an exclusive lock file holding pid, host and start time.
+"""One train-project per project: an exclusive lock file holding pid, host and start time (standard library only).
 
 The file is created with O_EXCL, so two starts cannot both win. A run killed
 with SIGKILL leaves its lock behind; on the same host a lock whose process is
 gone (or whose pid now belongs to a newer process) is stale and taken over
 with a notice. A lock from another host cannot be checked, so it is refused
-with the command to remove it by hand.
+with the command to remove it by hand. Preflight reads the same file with
+`read_owner` and `owner_is_stale` to say what the next train-project will do.
 """
 
 from __future__ import annotations
@@ -37,12 +38,47 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return True
     return True
 
 
-def _describe(owner: dict) -> str:
+def read_owner(path) -> dict | None:
+    """The lock's owner record; None when there is no lock file, {} when its content is unreadable."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return {}
+    try:
+        owner = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        # A run killed between create and write leaves an empty file; treat as unknown owner.
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def owner_is_stale(path, owner: dict, hostname: str | None = None) -> bool:
+    """Whether the run that wrote `owner` is surely gone, so its lock may be taken over."""
+    if not owner:
+        # Unreadable content: only stale if it is old enough that its writer surely finished writing.
+        try:
+            return time.time() - Path(path).stat().st_mtime > 60
+        except FileNotFoundError:
+            return True
+    if owner.get("hostname") != (hostname or socket.gethostname()):
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or not _pid_alive(pid):
+        return True
+    recorded = owner.get("process_start")
+    current = _process_start_ticks(pid)
+    return recorded is not None and current is not None and recorded != current
+
+
+def describe_owner(owner: dict) -> str:
     started = owner.get("started")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
     return f"pid {owner.get('pid')} on host {owner.get('hostname')} since {when}"
@@ -68,16 +104,16 @@ class TrainingLock:
             if self._try_create():
                 self._held = True
                 return
-            owner = self._read_owner()
+            owner = read_owner(self.path)
             if owner is None:
                 # Vanished between our create and our read: its owner just released it.
                 continue
-            if not self._is_stale(owner):
+            if not owner_is_stale(self.path, owner, self.owner["hostname"]):
                 raise TrainingError(file_field(
                     self.path, None,
-                    f"another train-project holds this project ({_describe(owner)}); wait for it to finish"
+                    f"another train-project holds this project ({describe_owner(owner)}); wait for it to finish"
                     if owner.get("hostname") == self.owner["hostname"] else
-                    f"locked by {_describe(owner)}; if no training runs there any more, delete this file"))
+                    f"locked by {describe_owner(owner)}; if no training runs there any more, delete this file"))
             self._take_over(owner)
         raise TrainingError(file_field(self.path, None, "could not acquire the training lock; another run "
                                                         "started at the same moment"))
@@ -86,7 +122,7 @@ class TrainingLock:
         if not self._held:
             return
         self._held = False
-        owner = self._read_owner()
+        owner = read_owner(self.path)
         if owner is not None and owner.get("pid") == self.owner["pid"] \
                 and owner.get("started") == self.owner["started"]:
             try:
@@ -113,36 +149,6 @@ class TrainingLock:
             os.fsync(stream.fileno())
         return True
 
-    def _read_owner(self) -> dict | None:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return {}
-        try:
-            owner = json.loads(text)
-        except json.JSONDecodeError:
-            # A run killed between create and write leaves an empty file; treat as unknown owner.
-            return {}
-        return owner if isinstance(owner, dict) else {}
-
-    def _is_stale(self, owner: dict) -> bool:
-        if not owner:
-            # Unreadable content: only stale if it is old enough that its writer surely finished writing.
-            try:
-                return time.time() - self.path.stat().st_mtime > 60
-            except FileNotFoundError:
-                return True
-        if owner.get("hostname") != self.owner["hostname"]:
-            return False
-        pid = owner.get("pid")
-        if not isinstance(pid, int) or not _pid_alive(pid):
-            return True
-        recorded = owner.get("process_start")
-        current = _process_start_ticks(pid)
-        return recorded is not None and current is not None and recorded != current
-
     def _take_over(self, owner: dict) -> None:
         """Move the stale file aside atomically; if what moved is not what we judged stale, put it back."""
         aside = self.path.with_name(f"{self.path.name}.stale-{os.getpid()}")
@@ -162,5 +168,5 @@ class TrainingLock:
             aside.unlink(missing_ok=True)
             return
         aside.unlink(missing_ok=True)
-        self.echo(f"notice: took over the stale training lock {self.path} left by {_describe(owner)}, "
+        self.echo(f"notice: took over the stale training lock {self.path} left by {describe_owner(owner)}, "
                   "which is no longer running")

@@ -25,8 +25,8 @@ import math
 
 import numpy as np
 
-from deepdanbooru.project.create import write_text_atomic
-from deepdanbooru.training.thresholds import (  # noqa: F401  (re-exported: one import for callers)
+from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.scoring.thresholds import (  # noqa: F401  (re-exported: one import for callers)
     best_threshold_indices,
     equal_point,
     f1_scores,

@@ -22,15 +22,13 @@ from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
 from deepdanbooru.errors import DatasetError, UserError, file_field
-from deepdanbooru.project.config import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS, KEY_BY_NAME
-from deepdanbooru.project.create import temporary_beside
+from deepdanbooru.fileio import create_beside
+from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, EXTENSION_BY_PILLOW_NAME, IMAGE_EXTENSIONS
+from deepdanbooru.project.config import KEY_BY_NAME
 from deepdanbooru.wording import plural
 
 DATABASE_NAME = "dataset.sqlite"
 DEFAULT_EXTENSIONS = IMAGE_EXTENSIONS
-# Pillow format name -> the file_ext the training pipeline expects. MPO is what
-# cameras write: a JPEG whose first frame every JPEG decoder reads.
-FORMAT_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "GIF": "gif", "WEBP": "webp", "BMP": "bmp"}
 RATING_LETTERS = {tag: letter for letter, tag in RATING_TAGS.items()}
 LISTED = 20  # skipped files named one by one before the rest are only counted
 
@@ -94,7 +92,7 @@ def detect_format(data: bytes) -> str:
             # Training treats images above the pixel limit as bad; refuse them here already.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
-                ext = FORMAT_EXTENSIONS.get(image.format)
+                ext = EXTENSION_BY_PILLOW_NAME.get(image.format)
                 if ext is None:
                     raise _Unreadable(f"format {image.format} is not supported for training")
                 image.load()
@@ -160,7 +158,7 @@ class _Placer:
 
     @staticmethod
     def _copy(data: bytes, target: Path) -> None:
-        handle, temporary = temporary_beside(target)
+        handle, temporary = create_beside(target)
         try:
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
@@ -242,7 +240,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
                                           f"unreadable, {len(summary.duplicates)} duplicates)"))
         if connection is None:
-            handle, temporary = temporary_beside(database)
+            handle, temporary = create_beside(database)
             os.close(handle)
             connection = sqlite3.connect(temporary)
             connection.execute(POSTS_SCHEMA)

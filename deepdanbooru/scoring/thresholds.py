@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.project.create import write_text_atomic
+from deepdanbooru.fileio import write_text_atomic
 
 THRESHOLD_COLUMNS = ("tag", "threshold", "precision", "recall", "f1", "support")
 

@@ -20,8 +20,9 @@ def forced_by_environment() -> bool:
 def choose_policy(mixed_precision: bool, force: bool = False, echo=print) -> str:
     """mixed_float16 when asked and a GPU is visible (or forced); float32 otherwise, with a notice.
 
-    float16 convolutions on a CPU are about 100x slower than float32
-    (TF_NOTES.md), so a CPU-only machine trains in float32 unless forced.
+    TensorFlow has no fast float16 convolution kernels for CPUs (they run
+    about 100x slower than float32), so a CPU-only machine trains in float32
+    unless forced.
     """
     if not mixed_precision:
         return FLOAT32
@@ -48,7 +49,8 @@ def global_policy(policy: str):
 
 
 def output_layer_names(model: keras.Model) -> set[str]:
-    return {tensor._keras_history.operation.name for tensor in model.outputs}
+    # A functional model names its output layers; a Sequential model's output is its last layer.
+    return set(getattr(model, "output_names", None) or [model.layers[-1].name])
 
 
 def with_policy(model: keras.Model, policy: str) -> keras.Model:

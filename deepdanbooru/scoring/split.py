@@ -9,8 +9,6 @@ existing post across the split, and training never sees a validation post.
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
 
 import numpy as np
 
@@ -74,12 +72,3 @@ def split_for_run(records: Records, validation_fraction: float, seed: int, saved
     return id_train, id_validation, (
         f"notice: {records.database_path}: posts.split_id is ignored for this run, which started before it "
         "was set; delete the checkpoints to train on the grouped split")
-
-
-def saved_run_state(checkpoint_dir) -> dict | None:
-    """checkpoints/state.json of a run already started (plain JSON, read before TensorFlow starts), else None."""
-    try:
-        state = json.loads((Path(checkpoint_dir) / "state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None

@@ -1,0 +1,395 @@
+"""Tagger quality at equal wall-clock time: each recipe trained for the same budget on the hard sample.
+
+    python bench/quality.py [--budget 600] [--recipes deepdanbooru,resnet_small,modern]
+                            [--recipes-file FILE.json] [--count 6000] [--size 64] [--seed 0]
+                            [--work DIR] [--out quality-results] [--stop auto|time-limit|signal]
+
+Every recipe trains on the same dataset (`make-sample-dataset --preset hard`,
+generated once into --work and kept there between runs) with the same
+validation split (validation_fraction and seed are the bench's, not the
+recipe's), one after the other, each in its own `train-project` process
+stopped at --budget seconds of wall-clock time (start-up, validation and
+checkpoints included). The run is stopped by `train-project --time-limit`
+when the installed tool has it (it checkpoints, exports and exits 0 before
+the limit), otherwise by SIGINT at the budget (--stop signal: the work since
+the last slice is lost, so slices are kept short).
+
+Measured: the project validates after every slice, and logs/history.jsonl
+holds each validation with its time. The curve is macro-F1 (and micro-F1,
+mAP) against minutes since the process started; the result of a recipe is
+its last validation within the budget, i.e. of the weights it would leave
+behind. Printed side by side with the ratio to DeepDanbooru's recipe and to
+the best ResNet recipe; written to OUT/quality.json, OUT/quality.md (the
+table for docs/quality.md), OUT/<recipe>.png (its learning curve) and
+OUT/curves.png (all of them).
+
+A recipe is a set of project.json overrides (RECIPES below). One the
+installed deepdanbooru does not understand (an unknown key, a model or loss
+it does not have) is refused before anything trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from curves import line_chart  # noqa: E402
+
+from deepdanbooru.project.recipes import RECIPES as PROJECT_RECIPES  # noqa: E402
+
+MODERN = PROJECT_RECIPES["modern"]
+
+# What every recipe shares: the data, the split, the cadence of measurement. epoch_count is large so
+# that the budget ends the run; a recipe whose schedule depends on it (learning_rates, warmup_cosine)
+# sets its own, to the epochs it reaches in the budget (printed as "epochs").
+BASE = {
+    "minimum_tag_count": 1,
+    "image_extensions": ["jpg"],
+    "seed": 0,
+    "validation_fraction": 0.1,
+    "validation_frequency_slices": 1,
+    "validation_threshold": 0.5,
+    "checkpoint_frequency_mb": 100,
+    "console_logging_frequency_mb": 10,
+    "epoch_count": 1000,
+    "mixed_precision": False,
+}
+
+# The recipes compared. Baselines are named by BASELINES below. checkpoint_frequency_mb (the slice, so
+# the cadence of validation) is set per recipe to about a minute of training on 2 cores, so validation
+# stays a small share of every budget (the table prints the share) and a stopped run loses little.
+RECIPES: dict[str, dict] = {
+    # DeepDanbooru's recipe: its model, Adam at its default rate, BCE, its augmentation, no schedule.
+    "deepdanbooru": {
+        "model": "resnet_custom_v4", "checkpoint_frequency_mb": 50,
+        "minibatch_size": 32, "optimizer": "adam", "learning_rate": 0.001,
+        "loss": "binary_crossentropy", "rotation_range": [0.0, 360.0], "scale_range": [0.9, 1.1],
+        "shift_range": [-0.1, 0.1],
+    },
+    # Our best ResNet recipe: sample-project's, tuned on the basic sample (docs/sample.md), its schedule
+    # (drops after 2/3 and 11/12 of the epochs) stretched from 12 to the 40 epochs resnet_small trains in
+    # 10 minutes on the idle 2-core machine (12 took 176 s: docs/performance.md).
+    "resnet_small": {
+        "model": "resnet_small", "checkpoint_frequency_mb": 300,
+        "minibatch_size": 32, "optimizer": "adam", "learning_rate": 0.002,
+        "learning_rates": [{"used_epoch": 27, "learning_rate": 0.0005}, {"used_epoch": 37, "learning_rate": 0.0002}],
+        "epoch_count": 40, "loss": "binary_crossentropy", "rotation_range": [0.0, 360.0],
+        "scale_range": [0.9, 1.1], "shift_range": [-0.1, 0.1],
+    },
+    # create-project --recipe modern, as it stands (deepdanbooru/project/recipes.py). epoch_count sets the
+    # length of its cosine schedule: about the epochs it reaches in the budget. 16: efficientnetv2_b0
+    # trained at 0.3-0.5 times resnet_small's rate in a trial on the shared machine.
+    "modern": {**MODERN, "checkpoint_frequency_mb": 100, "epoch_count": 16},
+}
+BASELINES = {"ddb": "deepdanbooru", "resnet": "resnet_small"}
+DEFAULT_RECIPES = ("deepdanbooru", "resnet_small", "modern")
+METRICS = ("macro_f1", "micro_f1", "map")
+LABELS = {"macro_f1": "macro-F1", "micro_f1": "micro-F1", "map": "mAP"}
+GRACE_SECONDS = 120  # after SIGINT, or past the limit with --time-limit, before the child is killed
+
+
+class BenchError(Exception):
+    pass
+
+
+def project_json(recipe: dict, size: int, database: Path | None = None) -> dict:
+    config = {**BASE, "image_width": size, "image_height": size, "database_path": str(database or "dataset.sqlite"),
+              **recipe}
+    config.setdefault("export_model_per_epoch", config["epoch_count"])  # exports only at the end
+    return config
+
+
+def check_recipes(names: list[str], recipes: dict[str, dict], project_dir: Path, size: int = 64) -> None:
+    """Refuse, before anything trains, a recipe the installed deepdanbooru cannot run as written."""
+    from deepdanbooru.errors import UserError
+    from deepdanbooru.models.table import check_model_input
+    from deepdanbooru.project.config import KEY_BY_NAME, parse_config
+
+    problems = []
+    for name in names:
+        if name not in recipes:
+            problems.append(f"recipe {name!r} is not defined (known: {', '.join(recipes)})")
+            continue
+        raw = project_json(recipes[name], size)
+        unknown = sorted(key for key in raw if key not in KEY_BY_NAME)
+        if unknown:
+            problems.append(f"recipe {name!r}: the installed deepdanbooru ({ROOT}) does not know the key(s) "
+                            f"{', '.join(unknown)}")
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                config = parse_config(raw, project_dir, project_dir / f"{name}.project.json")
+            check_model_input(config.model, config.input_shape, source=config.config_path)
+        except UserError as error:  # a value it does not take, a model refusing this size
+            problems.append(f"recipe {name!r}: {error}")
+    if problems:
+        raise BenchError("refusing to run:\n  " + "\n  ".join(problems))
+
+
+def has_time_limit(env) -> bool:
+    """Whether the installed train-project takes --time-limit."""
+    done = subprocess.run([sys.executable, "-m", "deepdanbooru", "train-project", "--help"], env=env,
+                          capture_output=True, text=True, check=False)
+    return "--time-limit" in done.stdout
+
+
+def make_dataset(work: Path, count: int, size: int, seed: int) -> tuple[Path, list[str]]:
+    from deepdanbooru.errors import UserError
+    from deepdanbooru.sample.generator import generate_sample_dataset
+
+    try:
+        return generate_sample_dataset(work / "dataset", count=count, size=size, seed=seed, preset="hard",
+                                       reuse_identical=True)
+    except UserError as error:  # e.g. --work holds a dataset made with other options
+        raise BenchError(str(error)) from None
+
+
+def write_project(directory: Path, recipe: dict, database: Path, tags: list[str], size: int) -> None:
+    directory.mkdir(parents=True)
+    config = project_json(recipe, size, database)
+    (directory / "project.json").write_text(json.dumps(config, indent=2) + "\n")
+    (directory / "tags.txt").write_text("\n".join(tags) + "\n")
+
+
+def train(project: Path, budget: float, use_time_limit: bool, env, log) -> dict:
+    """Run train-project for the budget; return how it ended."""
+    argv = [sys.executable, "-m", "deepdanbooru", "train-project", str(project)]
+    if use_time_limit:
+        argv += ["--time-limit", f"{int(budget)}s"]
+    started_wall, started = time.time(), time.monotonic()
+    with open(log, "w") as output:
+        child = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
+        stopped = False
+        deadline = budget + (GRACE_SECONDS if use_time_limit else 0)
+        try:
+            child.wait(timeout=deadline)
+        except subprocess.TimeoutExpired:
+            if not use_time_limit:
+                child.send_signal(signal.SIGINT)
+                stopped = True
+            try:
+                child.wait(timeout=GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    seconds = time.monotonic() - started
+    expected = (0, 130) if stopped else (0,)
+    if child.returncode not in expected:
+        tail = Path(log).read_text(errors="replace").splitlines()[-20:]
+        raise BenchError(f"{project}: train-project exited with {child.returncode}:\n" + "\n".join(tail))
+    if stopped:
+        ended = "signal"
+    elif "Stopped for the time limit" in Path(log).read_text(errors="replace"):
+        ended = "time-limit"
+    else:
+        ended = "finished"  # epoch_count reached within the budget
+    return {"started": started_wall, "seconds": round(seconds, 1), "stopped_by": ended,
+            "exit_code": child.returncode}
+
+
+def curve(project: Path, started: float, budget: float | None) -> list[dict]:
+    """The validations of the run (within the budget, if given), with minutes since start."""
+    from deepdanbooru.training.history import read_history
+
+    path = project / "logs" / "history.jsonl"
+    if not path.is_file():
+        return []
+    points = []
+    for record in read_history(path):
+        if record.get("kind") != "validation":
+            continue
+        seconds = record["time"] - started
+        if budget is not None and seconds > budget:  # one a signalled run still finished: too late
+            continue
+        points.append({"minutes": round(seconds / 60, 3), "used_epoch": record["used_epoch"],
+                       "used_minibatch": record["used_minibatch"], "used_sample": record["used_sample"],
+                       **{name: record.get(name) for name in (*METRICS, "validation_records")},
+                       "seconds": record.get("seconds")})
+    return points
+
+
+def ratio(value, base) -> float | None:
+    if value is None or not base:
+        return None
+    return value / base
+
+
+def summarise(results: dict[str, dict]) -> dict[str, dict]:
+    """The last point of each recipe, with ratios to the baselines that ran."""
+    table = {}
+    for name, result in results.items():
+        last = result["curve"][-1] if result["curve"] else {}
+        row = {"model": result["config"]["model"], "epochs": last.get("used_sample", 0) / result["train_records"]
+               if result["train_records"] else 0.0, "samples": last.get("used_sample", 0),
+               "minutes": last.get("minutes"), "stopped_by": result["run"]["stopped_by"],
+               "validation_share": result["validation_share"], **{m: last.get(m) for m in METRICS}}
+        table[name] = row
+    for row in table.values():
+        for tag, baseline in BASELINES.items():
+            for metric in METRICS:
+                base = table.get(baseline, {}).get(metric)
+                row[f"{metric}_vs_{tag}"] = ratio(row[metric], base)
+    return table
+
+
+def _cell(value, ratios) -> str:
+    if value is None:
+        return "n/a"
+    parts = [f"{r:.2f}x" for r in ratios if r is not None]
+    return f"{value:.4f}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def markdown(table: dict[str, dict], budget: float) -> str:
+    present = [tag for tag, name in BASELINES.items() if name in table]
+    against = " and ".join({"ddb": "deepdanbooru", "resnet": "resnet_small"}[tag] for tag in present)
+    lines = [f"Budget {budget / 60:g} min per recipe; in brackets the ratio to {against or 'no baseline'}.", "",
+             "| recipe | model | epochs | samples | measured at (min) | macro-F1 | micro-F1 | mAP | validation share |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, row in table.items():
+        cells = [_cell(row[m], [row[f"{m}_vs_{tag}"] for tag in present]) for m in METRICS]
+        lines.append(f"| {name} | {row['model']} | {row['epochs']:.1f} | {row['samples']} | {row['minutes']:.1f} | "
+                     + " | ".join(cells) + f" | {row['validation_share']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict[str, dict], out: Path) -> list[Path]:
+    written = []
+    for name, result in results.items():
+        path = out / f"{name}.png"
+        line_chart(path, {LABELS[m]: [(p["minutes"], p[m]) for p in result["curve"] if p[m] is not None]
+                          for m in METRICS},
+                   title=f"{name} ({result['config']['model']})", x_label="minutes", y_label="validation",
+                   y_range=(0.0, 1.0))
+        written.append(path)
+    path = out / "curves.png"
+    line_chart(path, {name: [(p["minutes"], p["macro_f1"]) for p in result["curve"] if p["macro_f1"] is not None]
+                      for name, result in results.items()},
+               title="macro-F1 at equal time", x_label="minutes", y_label="macro-F1", y_range=(0.0, 1.0))
+    written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds of wall-clock time per recipe")
+    parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES), help="comma-separated recipe names")
+    parser.add_argument("--recipes-file", type=Path,
+                        help="JSON object {name: {project.json overrides}} added to (or replacing) the table's")
+    parser.add_argument("--count", type=int, default=6000, help="posts in the hard sample")
+    parser.add_argument("--size", type=int, default=64, help="image side, stored and trained")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the hard sample")
+    parser.add_argument("--work", type=Path, help="where the dataset and the projects go [default: a temporary "
+                                                   "folder, removed at the end]")
+    parser.add_argument("--out", type=Path, default=Path("quality-results"), help="results folder")
+    parser.add_argument("--stop", choices=("auto", "time-limit", "signal"), default="auto",
+                        help="how a run ends at the budget (auto: --time-limit when train-project has it)")
+    args = parser.parse_args(argv)
+
+    recipes = dict(RECIPES)
+    if args.recipes_file:
+        recipes.update(json.loads(args.recipes_file.read_text()))
+    names = [name.strip() for name in args.recipes.split(",") if name.strip()]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    with tempfile.TemporaryDirectory(prefix="quality-") as scratch:
+        work = args.work or Path(scratch)
+        try:
+            check_recipes(names, recipes, work, args.size)
+            use_time_limit = {"auto": None, "time-limit": True, "signal": False}[args.stop]
+            if use_time_limit is None:
+                use_time_limit = has_time_limit(env)
+            elif use_time_limit and not has_time_limit(env):
+                raise BenchError("--stop time-limit: the installed train-project has no --time-limit")
+            taken = [str(work / "runs" / name) for name in names if (work / "runs" / name).exists()]
+            if taken:
+                raise BenchError(f"{', '.join(taken)} exist(s); remove them or pick another --work")
+            work.mkdir(parents=True, exist_ok=True)
+            args.out.mkdir(parents=True, exist_ok=True)
+            made = time.monotonic()
+            database, tags = make_dataset(work, args.count, args.size, args.seed)
+            print(f"dataset: {database} ({args.count} posts, {len(tags)} tags, {time.monotonic() - made:.0f} s)")
+        except BenchError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        results, failed = {}, {}
+        for name in names:
+            project = work / "runs" / name
+            write_project(project, recipes[name], database, tags, args.size)
+            print(f"{name}: training for {args.budget:g} s "
+                  f"({'--time-limit' if use_time_limit else 'SIGINT at the budget'}) ...", flush=True)
+            try:
+                results[name] = measure(project, args.budget, use_time_limit, env)
+            except BenchError as error:  # the others still run: each is minutes of work
+                print(f"error: {name}: {error}", file=sys.stderr, flush=True)
+                failed[name] = str(error)
+                continue
+            run, last = results[name]["run"], results[name]["curve"][-1]
+            if run["stopped_by"] == "finished":
+                print(f"warning: {name} reached its epoch_count after {run['seconds']:.0f} s, before the "
+                      "budget; raise it (and stretch its schedule) to compare at equal time", flush=True)
+            print(f"{name}: {run['stopped_by']} after {run['seconds']:.0f} s; last validation at "
+                  f"{last['minutes']:.1f} min: " + ", ".join(f"{LABELS[m]} {last[m]:.4f}" for m in METRICS),
+                  flush=True)
+        if not results:
+            return 1
+        held_out = {name: result["curve"][-1]["validation_records"] for name, result in results.items()}
+        if len(set(held_out.values())) > 1:
+            print(f"warning: the recipes were validated on different numbers of posts {held_out}: a recipe "
+                  "overrides a key of the split (validation_fraction, seed, minimum_tag_count, image_extensions)")
+        table = summarise(results)
+        text = markdown(table, args.budget)
+        (args.out / "quality.md").write_text(text)
+        (args.out / "quality.json").write_text(json.dumps(
+            {"budget_seconds": args.budget, "count": args.count, "size": args.size, "seed": args.seed,
+             "stop": "time-limit" if use_time_limit else "signal", "table": table, "runs": results,
+             "failed": failed}, indent=2))
+        written = plots(results, args.out)
+        print()
+        print(text)
+        print(f"written: {args.out / 'quality.json'}, {args.out / 'quality.md'}, "
+              + ", ".join(str(p) for p in written))
+        if failed:
+            print(f"failed: {', '.join(failed)} (see above)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def measure(project: Path, budget: float, use_time_limit: bool, env) -> dict:
+    """Train one recipe's project for the budget and read its curve."""
+    run = train(project, budget, use_time_limit, env, project / "train.log")
+    # --time-limit keeps its own time (from a moment after the process starts): all its
+    # validations count; a signalled run's count up to the signal.
+    points = curve(project, run["started"], None if use_time_limit else budget)
+    if not points:
+        raise BenchError(f"{project}: no validation within the budget; see {project / 'train.log'}")
+    config = json.loads((project / "project.json").read_text())
+    validation = sum(p["seconds"] or 0 for p in points)
+    return {"config": config, "run": run, "curve": points, "train_records": _train_records(project),
+            "validation_share": validation / run["seconds"]}
+
+
+def _train_records(project: Path) -> int:
+    from deepdanbooru.dataset.records import load_records
+    from deepdanbooru.project.config import load_config
+    from deepdanbooru.scoring.split import split_records
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = load_config(project)
+    records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
+    return len(split_records(records, config.validation_fraction, config.seed)[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Helpers that prepare data for a project; they may use Pillow, never TensorFlow."""

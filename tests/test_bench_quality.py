@@ -1,0 +1,102 @@
+"""bench/quality.py without training: recipe checks, curves from history, the table, the PNG."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def quality():
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_quality", BENCH / "quality.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_recipes_the_tool_cannot_run_are_refused_before_training(quality, tmp_path):
+    quality.check_recipes(["deepdanbooru", "resnet_small"], quality.RECIPES, tmp_path)
+    recipes = {**quality.RECIPES, "typo": {"model": "resnet_small", "horizontal_flop": True},
+               "bad": {"model": "resnet_huge"}, "small": {"model": "resnet_152"}}
+    with pytest.raises(quality.BenchError) as caught:
+        quality.check_recipes(["deepdanbooru", "typo", "bad", "small", "nope"], recipes, tmp_path)
+    message = str(caught.value)
+    assert "recipe 'typo': the installed deepdanbooru" in message and "horizontal_flop" in message
+    assert "recipe 'bad'" in message and "resnet_huge" in message
+    assert "recipe 'small'" in message and "193x193" in message
+    assert "recipe 'nope' is not defined" in message
+    assert "deepdanbooru'" not in message.replace("installed deepdanbooru", "")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_modern_entry_is_create_projects_recipe(quality):
+    from deepdanbooru.project.recipes import RECIPES
+
+    modern = quality.RECIPES["modern"]
+    assert {k: v for k, v in modern.items() if k in RECIPES["modern"]} == RECIPES["modern"]
+
+
+def test_curve_reads_validations_within_the_budget(quality, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    started = 1000.0
+    lines = [
+        {"kind": "train", "time": 1010.0, "used_minibatch": 10},
+        {"kind": "validation", "time": 1030.0, "used_epoch": 0, "used_minibatch": 20, "used_sample": 640,
+         "macro_f1": 0.1, "micro_f1": 0.3, "map": 0.2, "validation_records": 50, "seconds": 2.0},
+        {"kind": "validation", "time": 1090.0, "used_epoch": 1, "used_minibatch": 40, "used_sample": 1280,
+         "macro_f1": 0.2, "micro_f1": 0.4, "map": 0.3, "validation_records": 50, "seconds": 2.5},
+        {"kind": "validation", "time": 1130.0, "used_epoch": 1, "used_minibatch": 60, "used_sample": 1920,
+         "macro_f1": 0.25, "micro_f1": 0.45, "map": 0.35, "validation_records": 50, "seconds": 2.5},
+    ]
+    (logs / "history.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    points = quality.curve(tmp_path, started, budget=120.0)
+    assert [p["minutes"] for p in points] == [0.5, 1.5]
+    assert [p["macro_f1"] for p in points] == [0.1, 0.2] and points[1]["used_sample"] == 1280
+    assert len(quality.curve(tmp_path, started, budget=None)) == 3
+
+
+def _result(model, macro, micro, ap, samples=1000):
+    return {"config": {"model": model}, "run": {"stopped_by": "signal", "seconds": 60.0},
+            "train_records": 500, "validation_share": 0.05,
+            "curve": [{"minutes": 1.0, "used_sample": samples, "macro_f1": macro, "micro_f1": micro, "map": ap}]}
+
+
+def test_table_gives_ratios_to_both_baselines(quality):
+    results = {"deepdanbooru": _result("resnet_custom_v4", 0.1, 0.4, 0.2),
+               "resnet_small": _result("resnet_small", 0.2, 0.5, 0.25, samples=3000),
+               "modern": _result("efficientnetv2_b0", 0.3, 0.6, 0.5)}
+    table = quality.summarise(results)
+    assert table["modern"]["macro_f1_vs_ddb"] == pytest.approx(3.0)
+    assert table["modern"]["macro_f1_vs_resnet"] == pytest.approx(1.5)
+    assert table["modern"]["map_vs_ddb"] == pytest.approx(2.5)
+    assert table["resnet_small"]["epochs"] == pytest.approx(6.0)
+    text = quality.markdown(table, 600)
+    assert "| modern | efficientnetv2_b0 | 2.0 | 1000 | 1.0 | 0.3000 (3.00x, 1.50x) |" in text
+    assert "ratio to deepdanbooru and resnet_small" in text
+    alone = quality.summarise({"modern": results["modern"]})
+    assert alone["modern"]["macro_f1_vs_ddb"] is None
+    assert "| 0.3000 |" in quality.markdown(alone, 600)
+
+
+def test_plots_are_pngs_with_a_line_per_series(quality, tmp_path):
+    results = {"a": _result("resnet_small", 0.1, 0.4, 0.2), "b": _result("resnet_small", 0.3, 0.6, 0.5)}
+    results["a"]["curve"].insert(0, {"minutes": 0.5, "used_sample": 10, "macro_f1": 0.05, "micro_f1": 0.2,
+                                     "map": 0.1})
+    written = quality.plots(results, tmp_path)
+    assert [p.name for p in written] == ["a.png", "b.png", "curves.png"]
+    with Image.open(tmp_path / "curves.png") as image:
+        assert image.format == "PNG" and image.size == (quality.line_chart.__globals__["WIDTH"],
+                                                         quality.line_chart.__globals__["HEIGHT"])
+        colours = {colour for _, colour in image.convert("RGB").getcolors(1 << 20)}
+    palette = quality.line_chart.__globals__["PALETTE"]
+    assert palette[0] in colours and palette[1] in colours

@@ -125,7 +125,7 @@ def test_every_file_of_a_trained_project_has_the_mode_open_gives(run):
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_files_renamed_into_place_get_the_mode_open_gives(tmp_path, umask):
     from deepdanbooru.dataset.build import make_training_database
-    from deepdanbooru.project.create import write_text_atomic
+    from deepdanbooru.fileio import write_text_atomic
     from deepdanbooru.sample.generator import generate_sample_dataset
 
     original = os.umask(umask)

@@ -11,7 +11,7 @@ from PIL import Image
 from deepdanbooru.cli import main
 from deepdanbooru.dataset.records import load_records
 from deepdanbooru.project.tags import load_tags
-from deepdanbooru.tools import import_images as importer
+from deepdanbooru.dataset import import_images as importer
 from deepdanbooru.dataset.import_images import parse_sidecar
 
 

@@ -97,7 +97,7 @@ def test_bundle_files_and_tag_table(bundled, sample_dataset):
     assert preprocess["value_range"] == [0, 255]
     assert "Thresholds (P=R on the all split): general" in result.output
     # The same figures as evaluate-project --metrics on the same records.
-    measured = run_cli("evaluate-project", project, "--metrics", "--split", "all", "--json")
+    measured = run_cli("evaluate-project", project, "--metrics", "--split", "all", "--format", "json")
     assert json.loads(measured.output)["metrics"] == figures
 
 

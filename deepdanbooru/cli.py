@@ -16,6 +16,7 @@ import warnings
 import click
 
 from deepdanbooru import __version__, exitcodes
+from deepdanbooru.cli_vocabulary import PositionalAlias, VocabularyGroup, alias
 from deepdanbooru.errors import UserError
 from deepdanbooru.formats import IMAGE_FORMATS
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
@@ -24,7 +25,7 @@ from deepdanbooru.project.recipes import DEFAULT_RECIPE, RECIPES
 from deepdanbooru.tfimport import install_quiet_import
 
 
-class _Group(click.Group):
+class _Group(VocabularyGroup):
     """Maps UserError to a one-line message; a traceback only with --debug."""
 
     def invoke(self, ctx):
@@ -35,8 +36,9 @@ class _Group(click.Group):
                 raise
             click.echo(f"error: {error}", err=True)
             ctx.exit(error.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
+        except KeyboardInterrupt as interrupt:
+            # errors.Interrupted carries where the command stopped; a bare Ctrl-C has nothing to add.
+            click.echo(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", err=True)
             ctx.exit(exitcodes.INTERRUPTED)
 
 
@@ -62,15 +64,16 @@ def main(ctx, debug):
 
 @main.command("create-project")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
-@click.option("--force", is_flag=True, help="Overwrite an existing project.json.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing project.json.")
+@alias("--force", "overwrite", value=True)
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, type=click.Choice(list(RECIPES)),
               help="deepdanbooru: DeepDanbooru's defaults; modern: the backbone, loss, optimizer, schedule and "
                    "augmentation measured best at equal time (docs/quality.md).")
-def create_project(project_path, force, recipe):
+def create_project(project_path, overwrite, recipe):
     """Create PROJECT_PATH with a default project.json (or a recipe's)."""
     from deepdanbooru.project.create import create_project as create
 
-    create(project_path, force=force, echo=click.echo, recipe=recipe)
+    create(project_path, overwrite=overwrite, echo=click.echo, recipe=recipe)
 
 
 @main.command("train-project")
@@ -107,7 +110,13 @@ def _preflight_options(options):
     """click options from preflight's option table, which the stdlib scripts read too."""
     def decorate(command):
         for option in reversed(options):
-            if option.default is None:
+            if option.alias:
+                spelling, value = option.alias
+                command = alias(spelling, option.name, value=value)(command)
+            if option.choices:
+                command = click.option(option.flag, option.name, default=option.default, show_default=True,
+                                       type=click.Choice(option.choices), help=option.help)(command)
+            elif option.default is None:
                 command = click.option(option.flag, option.name, is_flag=True, help=option.help)(command)
             else:
                 command = click.option(option.flag, option.name, default=option.default, show_default=True,
@@ -121,13 +130,13 @@ def _preflight_options(options):
 @_preflight_options(PREFLIGHT_OPTIONS)
 @click.pass_context
 def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, check_duplicates,
-              as_json):
+              output_format):
     """Read-only checks of PROJECT_PATH before training. Exit 0: all good, 1: a check failed."""
     from deepdanbooru.preflight.main import report, training_preflight
 
     results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow,
                                  check_duplicates)
-    ctx.exit(report(project_path, results, as_json, echo=click.echo))
+    ctx.exit(report(project_path, results, output_format == "json", echo=click.echo))
 
 
 @main.command("make-sample-dataset")
@@ -204,7 +213,10 @@ def make_training_database(source_path, output_path, start_id, end_id, use_delet
               help="Least posts a tag needs.")
 @click.option("--overwrite", is_flag=True, help="Replace existing tag files in PATH.")
 @click.option("--base-url", default="https://danbooru.donmai.us", show_default=True, help="Danbooru server.")
-def download_tags(path, username, api_key, limit, minimum_post_count, overwrite, base_url):
+@click.option("--include-paid-tags", is_flag=True,
+              help="Keep loli, shota and toddlercon, whose posts only paid accounts can see (left out by default, "
+                   "as in DeepDanbooru).")
+def download_tags(path, username, api_key, limit, minimum_post_count, overwrite, base_url, include_paid_tags):
     """Download Danbooru general and character tags into PATH.
 
     Writes tags-general.txt and tags-character.txt (each in natural name
@@ -215,7 +227,8 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
     from deepdanbooru.dataset.download import download_tags as download
 
     download(path, username, api_key, limit=limit, minimum_post_count=minimum_post_count, overwrite=overwrite,
-             base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True))
+             base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True),
+             include_paid_tags=include_paid_tags)
 
 
 @main.command("import-images")
@@ -225,7 +238,9 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
 @click.option("--extensions", default="png,jpg,jpeg,gif,webp,bmp", show_default=True,
               help="Comma-separated image file extensions to pick up.")
 @_GROUP_DUPLICATES
-def import_images(src, dataset, link, extensions, group_duplicates):
+@click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
+              help="The project the dataset is for: the closing advice gives database_path relative to it.")
+def import_images(src, dataset, link, extensions, group_duplicates, project_path):
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
     A sidecar IMAGE.txt (or IMAGE.ext.txt) holds comma- or space-separated
@@ -240,21 +255,23 @@ def import_images(src, dataset, link, extensions, group_duplicates):
     from deepdanbooru.dataset.import_images import import_images as run_import
 
     run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
-               warn=lambda line: click.echo(line, err=True))
+               warn=lambda line: click.echo(line, err=True), project=project_path)
 
 
 @main.command("make-tags")
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
-@click.option("--min-count", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--minimum-post-count", default=1, show_default=True, type=click.IntRange(min=1),
               help="Least eligible posts a tag must occur in.")
+@alias("--min-count", "minimum_post_count", type=click.IntRange(min=1))
 @click.option("--limit", default=0, show_default=True, type=click.IntRange(min=0),
               help="Most tags, the most frequent first (0: no limit; rating tags not counted).")
 @click.option("--system-tags/--no-system-tags", default=True, show_default=True,
               help="Keep rating:* tags found in the data, listed last.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=str),
+@click.option("--save-path", type=click.Path(dir_okay=False, path_type=str),
               help="Write here instead of PROJECT_PATH/tags.txt.")
-def make_tags(project_path, min_count, limit, system_tags, overwrite, output):
+@alias("--output", "save_path", type=click.Path(dir_okay=False, path_type=str))
+def make_tags(project_path, minimum_post_count, limit, system_tags, overwrite, save_path):
     """Write tags.txt from the tags of the project's database.
 
     Counts, for each tag, the eligible posts (file_ext and minimum_tag_count of
@@ -265,7 +282,7 @@ def make_tags(project_path, min_count, limit, system_tags, overwrite, output):
     """
     from deepdanbooru.dataset.build import make_tags as make
 
-    make(project_path, min_count=min_count, limit=limit, overwrite=overwrite, output=output,
+    make(project_path, minimum_post_count=minimum_post_count, limit=limit, overwrite=overwrite, save_path=save_path,
          system_tags=system_tags, echo=click.echo)
 
 
@@ -277,9 +294,10 @@ def make_tags(project_path, min_count, limit, system_tags, overwrite, output):
               help="Input height (project.json image_height).")
 @click.option("--tags", "n_tags", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Number of output tags (lines of tags.txt).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: trainable, non_trainable, input_shape, output_shape, model, layers.")
-def show_model(name, width, height, n_tags, as_json):
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object with trainable, non_trainable, input_shape, output_shape, model, layers.")
+@alias("--json", "output_format", value="json")
+def show_model(name, width, height, n_tags, output_format):
     """Build model NAME and print its input and output shapes and parameter counts.
 
     NAME is a project.json `model` value: resnet_152, resnet_custom_v1 to
@@ -290,7 +308,7 @@ def show_model(name, width, height, n_tags, as_json):
     """
     from deepdanbooru.models.show import show_model as show
 
-    show(name, width=width, height=height, n_tags=n_tags, as_json=as_json, echo=click.echo)
+    show(name, width=width, height=height, n_tags=n_tags, as_json=output_format == "json", echo=click.echo)
 
 
 def _model_source_options(command):
@@ -303,8 +321,9 @@ def _model_source_options(command):
     return command
 
 
-_THRESHOLD = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0),
-                          help="Report tags whose score is at least this.")
+_THRESHOLD = click.option("--threshold", type=click.FloatRange(0.0, 1.0),
+                          help="Report tags whose score is at least this, for every tag  [default: the per-tag "
+                               "thresholds CSV training wrote beside the model, if there is one, else 0.5].")
 _THRESHOLDS_CSV = click.option("--thresholds-csv", type=click.Path(dir_okay=False, exists=True, path_type=str),
                                help="Per-tag thresholds (a *.thresholds.csv written by training); "
                                     "tags it does not list use --threshold.")
@@ -312,10 +331,12 @@ _ALLOW_GPU = click.option("--allow-gpu/--no-allow-gpu", default=False, show_defa
                           help="Use a GPU if one is visible (by default GPUs are hidden, as in DeepDanbooru).")
 _BATCH_SIZE = click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
                            help="Images per model call.")
-_FORMAT = click.option("--format", "output_format", default="text", show_default=True,
-                       type=click.Choice(["text", "json", "csv"]),
-                       help="text: DeepDanbooru's layout; json: one JSON object per image and line; "
-                            "csv: path,tag,score rows.")
+def _FORMAT(command):
+    command = alias("--json", "output_format", value="json")(command)
+    return click.option("--format", "output_format", default="text", show_default=True,
+                        type=click.Choice(["text", "json", "csv"]),
+                        help="text: DeepDanbooru's layout; json: one JSON object per image and line (with "
+                             "--metrics: one object); csv: path,tag,score rows.")(command)
 
 
 def _record_options(when: str):
@@ -366,7 +387,7 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
     _exit_if_skipped(summary)
 
 
-_METRICS_ONLY = ("model", "split", "start_id", "end_id", "as_json")
+_METRICS_ONLY = ("model_path", "split", "start_id", "end_id")
 
 
 @main.command("evaluate-project")
@@ -380,13 +401,13 @@ _METRICS_ONLY = ("model", "split", "start_id", "end_id", "as_json")
 @click.option("--metrics", is_flag=True,
               help="Instead of tagging TARGET, measure the model on the project's labelled records and print the "
                    "validation metrics (docs/metrics.md).")
-@click.option("--model", type=click.Path(dir_okay=False, path_type=str),
+@click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="With --metrics: the model file to measure [default: the project's final export].")
+@alias("--model", "model_path", type=click.Path(dir_okay=False, path_type=str))
 @_record_options("With --metrics: ")
-@click.option("--json", "as_json", is_flag=True, help="With --metrics: print one JSON object.")
 @click.pass_context
 def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow_gpu, output_format, batch_size,
-                     metrics, model, split, start_id, end_id, as_json):
+                     metrics, model_path, split, start_id, end_id):
     """Tag TARGET (an image, or a folder searched recursively) with PROJECT_PATH's model.
 
     Same as `evaluate TARGET --project-path PROJECT_PATH --allow-folder`; exit code 1 when an image was skipped.
@@ -408,13 +429,12 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
             raise click.UsageError("--thresholds-csv and --format csv apply to tagging, not to --metrics")
         from deepdanbooru.inference.project_metrics import project_metrics
 
-        summary = project_metrics(project_path, model_path=model, split=split, start_id=start_id, end_id=end_id,
-                                  threshold=threshold if given("threshold") else None, batch_size=batch_size,
-                                  allow_gpu=allow_gpu, as_json=as_json or output_format == "json", echo=click.echo)
+        summary = project_metrics(project_path, model_path=model_path, split=split, start_id=start_id,
+                                  end_id=end_id, threshold=threshold, batch_size=batch_size,
+                                  allow_gpu=allow_gpu, as_json=output_format == "json", echo=click.echo)
         _exit_if_skipped(summary)
         return
-    misplaced = [f"--{name.replace('_', '-')}" if name != "as_json" else "--json"
-                 for name in _METRICS_ONLY if given(name)]
+    misplaced = [f"--{name.replace('_', '-')}" for name in _METRICS_ONLY if given(name)]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)} can only be used with --metrics")
     if target is None:
@@ -430,11 +450,14 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
 @main.command("grad-cam")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
 @click.argument("target", type=click.Path(path_type=str))
-@click.argument("output", default=".", required=False, type=click.Path(file_okay=False, path_type=str))
-@_THRESHOLD
+@click.argument("output", cls=PositionalAlias, target="save_path", type=click.Path(file_okay=False, path_type=str))
+@click.option("--save-path", default=".", show_default=True, type=click.Path(file_okay=False, path_type=str),
+              help="Folder for the pictures (DeepDanbooru's third argument OUTPUT_PATH also works).")
+@click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Explain the tags whose score is at least this.")
 @_ALLOW_GPU
-def grad_cam(project_path, target, output, threshold, allow_gpu):
-    """Explain each predicted tag of TARGET (an image or a folder) with PNG maps under OUTPUT/<image name>/.
+def grad_cam(project_path, target, save_path, threshold, allow_gpu):
+    """Explain each predicted tag of TARGET (an image or a folder) with PNG maps under SAVE_PATH/<image name>/.
 
     Per tag: <tag>.gradcam.png (Grad-CAM of the last convolutional stage over
     the image), <tag>.saliency.png (input-gradient map, DeepDanbooru's
@@ -442,7 +465,7 @@ def grad_cam(project_path, target, output, threshold, allow_gpu):
     """
     from deepdanbooru.inference.gradcam import grad_cam_command
 
-    summary = grad_cam_command(project_path, target, output, threshold=threshold, allow_gpu=allow_gpu,
+    summary = grad_cam_command(project_path, target, save_path, threshold=threshold, allow_gpu=allow_gpu,
                                echo=click.echo)
     _exit_if_skipped(summary)
 

@@ -46,6 +46,10 @@ class NetworkError(UserError):
     """A server could not be reached, refused the credentials or answered something unusable."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with one line on where the command stopped and how to go on; exit code 130 (128 + SIGINT)."""
+
+
 def file_field(path, field, message):
     """Format the one-line message every error shares: `FILE: FIELD: message`."""
     if field:

@@ -7,7 +7,7 @@ import secrets
 from pathlib import Path
 
 
-def _create_beside(path: Path) -> tuple[int, Path]:
+def create_beside(path: Path) -> tuple[int, Path]:
     """A new hidden file next to `path` (same file system, so the final rename is atomic).
 
     Opened with mode 0o666 like open() does, so the umask, not a private 0o600,
@@ -24,7 +24,7 @@ def _create_beside(path: Path) -> tuple[int, Path]:
 def write_bytes_atomic(path, content: bytes) -> None:
     """Write beside the target and rename, so a reader never sees half a file."""
     path = Path(path)
-    handle, temporary = _create_beside(path)
+    handle, temporary = create_beside(path)
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(content)

@@ -10,7 +10,8 @@ the first `import tensorflow`, wherever it happens, runs with file
 descriptor 2 captured; afterwards each captured line is written
 back to stderr unless it is an absl-format line below TF_CPP_MIN_LOG_LEVEL
 (0: all, 1: no INFO, 2: no WARNING, 3: no ERROR; FATAL always shown) or
-absl's own notice, which goes with INFO. Anything else (a Python warning,
+absl's own notice or a TensorFlow Lite "INFO: " line, which go with INFO.
+`filtered_stderr` does the same around other calls. Anything else (a Python warning,
 an error message) comes through unchanged. Standard library only.
 """
 
@@ -26,6 +27,8 @@ import tempfile
 
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] ")
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+# TensorFlow Lite's own logger: "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." when an interpreter starts.
+_TFLITE_INFO = "INFO: "
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 99}
 
 
@@ -38,15 +41,18 @@ def _level() -> int:
 
 def keep_line(line: str, level: int) -> bool:
     """Whether a line TensorFlow printed while loading is shown at TF_CPP_MIN_LOG_LEVEL `level`."""
-    if line.strip() == _ABSL_NOTICE:
+    if line.strip() == _ABSL_NOTICE or line.startswith(_TFLITE_INFO):
         return level < 1
     match = _ABSL_LINE.match(line)
     return match is None or _SEVERITY[match.group(1)] >= level
 
 
 @contextlib.contextmanager
-def _filtered_stderr():
-    """Capture file descriptor 2 for the block, then write back the lines `keep_line` keeps."""
+def filtered_stderr():
+    """Capture file descriptor 2 for the block, then write back the lines `keep_line` keeps.
+
+    Also for TensorFlow calls whose C++ side prints at INFO level on every run (a TFLite interpreter).
+    """
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -81,7 +87,7 @@ class _QuietLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        with _filtered_stderr():
+        with filtered_stderr():
             self._loader.exec_module(module)
 
 

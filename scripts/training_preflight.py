@@ -2,7 +2,7 @@
 """Read-only checks of a deepdanbooru project before training; runs from a checkout, without TensorFlow.
 
     python scripts/training_preflight.py PROJECT [--check-packages] [--max-image-checks N]
-                                                 [--probe-imports] [--probe-tensorflow] [--json]
+                                                 [--probe-imports] [--probe-tensorflow] [--format text|json]
 """
 
 import sys

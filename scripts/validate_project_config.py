@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Validate a deepdanbooru project.json; runs from a checkout, without TensorFlow.
 
-    python scripts/validate_project_config.py PROJECT [--check-paths] [--json]
+    python scripts/validate_project_config.py PROJECT [--check-paths] [--format text|json]
 """
 
 import sys

@@ -97,7 +97,7 @@ def test_bundle_files_and_tag_table(bundled, sample_dataset):
     assert preprocess["value_range"] == [0, 255]
     assert "Thresholds (P=R on the all split): general" in result.output
     # The same figures as evaluate-project --metrics on the same records.
-    measured = run_cli("evaluate-project", project, "--metrics", "--split", "all", "--json")
+    measured = run_cli("evaluate-project", project, "--metrics", "--split", "all", "--format", "json")
     assert json.loads(measured.output)["metrics"] == figures
 
 
@@ -141,7 +141,7 @@ def test_a_tool_gets_the_tags_and_scores_of_evaluate(bundled, sample_dataset, tm
 
     evaluated = run_cli("evaluate", *images, "--project-path", project, "--threshold", "0", "--format", "json")
     assert evaluated.exit_code == 0, evaluated.output
-    for line, scores in zip(evaluated.output.strip().splitlines(), tool_scores):
+    for line, scores in zip(evaluated.stdout.strip().splitlines(), tool_scores):
         ours = json.loads(line)["tags"]
         theirs = dict(zip(names, scores.tolist()))
         assert set(ours) == set(theirs)

@@ -19,19 +19,32 @@ def test_version_and_help():
     assert result.exit_code == 0 and "create-project" in result.output
 
 
+def test_help_shows_whole_summaries_and_unknown_commands_get_a_suggestion():
+    output = run_cli("--help").output
+    assert "..." not in output.split("Commands:")[1]
+    assert "Explain each predicted tag of TARGET (an image or a\n" in output  # wrapped, not cut
+    result = CliRunner().invoke(main, ["train"])
+    assert result.exit_code == 2
+    assert "No such command 'train'. Did you mean 'train-project'?" in result.output
+    assert "Did you mean 'evaluate' or 'evaluate-project'?" in CliRunner().invoke(main, ["evalute"]).output
+
+
 def test_create_project_writes_defaults_and_refuses_overwrite(tmp_path):
     project = tmp_path / "p"
     result = run_cli("create-project", str(project))
     assert result.exit_code == 0
-    assert "Next steps" in result.output and "train-project" in result.output
+    steps = result.output.split("Next steps:\n")[1].splitlines()
+    assert [step.split()[:3] for step in steps] == [
+        ["1.", "set", "database_path"], ["2.", "deepdanbooru", "make-tags"], ["3.", "deepdanbooru", "preflight"],
+        ["4.", "deepdanbooru", "train-project"]]
     data = json.loads((project / "project.json").read_text())
     assert data["model"] == "resnet_custom_v2" and data["validation_fraction"] == 0.05
     (project / "project.json").write_text('{"model": "resnet_small"}')
     result = CliRunner().invoke(main, ["create-project", str(project)])
     assert result.exit_code == 2
-    assert "already exists; use --force" in result.output
+    assert "already exists; use --overwrite" in result.output
     assert json.loads((project / "project.json").read_text()) == {"model": "resnet_small"}
-    assert run_cli("create-project", "--force", str(project)).exit_code == 0
+    assert run_cli("create-project", "--overwrite", str(project)).exit_code == 0
     assert json.loads((project / "project.json").read_text())["model"] == "resnet_custom_v2"
 
 
@@ -40,7 +53,7 @@ def test_user_error_is_one_line_without_traceback_unless_debug(tmp_path):
     command = [sys.executable, "-m", "deepdanbooru", "create-project", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 2
-    expected = f"error: {tmp_path / 'project.json'}: already exists; use --force to overwrite it"
+    expected = f"error: {tmp_path / 'project.json'}: already exists; use --overwrite to replace it"
     assert result.stderr.strip().splitlines() == [expected]
     debug = subprocess.run([sys.executable, "-m", "deepdanbooru", "--debug", *command[3:]], capture_output=True, text=True)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
@@ -75,7 +88,7 @@ def _entry(*args):
 
 @pytest.mark.slow
 def test_entry_point_skips_the_interpreter_shutdown_after_tensorflow_with_output_flushed(tmp_path):
-    shown = _entry("show-model", "resnet_small", "--width", "32", "--height", "32", "--tags", "3", "--json")
+    shown = _entry("show-model", "resnet_small", "--width", "32", "--height", "32", "--tags", "3", "--format", "json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["output_shape"][-1] == 3  # all of it arrived through the pipe
     assert "interpreter shutdown ran" not in shown.stderr

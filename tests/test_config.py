@@ -125,9 +125,15 @@ def test_bad_values_name_file_key_and_value(tmp_path, key, value, message):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('{"learning_rate": NaN}', "NaN is not a valid value"),
-        ('{"learning_rate": Infinity}', "Infinity is not a valid value"),
-        ('{"learning_rate": -Infinity}', "-Infinity is not a valid value"),
+        ('{"learning_rate": NaN}', "project.json: learning_rate: must be a finite number, got NaN"),
+        ('{"learning_rate": Infinity}', "project.json: learning_rate: must be a finite number, got Infinity"),
+        ('{"learning_rate": -Infinity}', "project.json: learning_rate: must be a finite number, got -Infinity"),
+        ('{"validation_threshold": NaN}', "project.json: validation_threshold: must be a finite number, got NaN"),
+        ('{"scale_range": [0.9, Infinity]}', "project.json: scale_range: must be a finite number, got Infinity"),
+        ('{"gradient_clip_norm": NaN}', "project.json: gradient_clip_norm: must be a finite number, got NaN"),
+        ('{"minibatch_size": NaN}', "project.json: minibatch_size: must be an integer, got NaN"),
+        ('{"learning_rates": [{"used_epoch": 1, "learning_rate": NaN}]}',
+         "project.json: learning_rates: entry 0: learning_rate must be a finite number, got NaN"),
         ('{"learning_rate": 1e999}', "learning_rate: must be a finite number"),
         ('{\n  "image_width": 299,\n  "model": }\n', r"project.json: invalid JSON at line 3"),
         ("[1, 2]", "must hold a JSON object, got list"),
@@ -146,12 +152,31 @@ def test_missing_file_and_directory(tmp_path):
         load_config(tmp_path / "nope")
 
 
-def test_unknown_key_warns_with_closest_known(tmp_path):
+def test_misspelt_key_is_an_error_naming_both(tmp_path):
     write(tmp_path, {"minibatch_sise": 8})
-    with pytest.warns(UserWarning, match="unknown key 'minibatch_sise' is ignored \\(did you mean 'minibatch_size'\\?\\)"):
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert str(caught.value) == (f"{tmp_path / 'project.json'}: minibatch_sise: unknown key; did you mean "
+                                 "'minibatch_size'? (as written it would be ignored and minibatch_size would stay 32)")
+
+
+def test_unrelated_unknown_key_only_warns(tmp_path):
+    write(tmp_path, {"my_notes": "x"})
+    with pytest.warns(UserWarning, match="unknown key 'my_notes' is ignored$"):
         config = load_config(tmp_path)
-    assert config.unknown_keys == ("minibatch_sise",)
-    assert config.minibatch_size == 32
+    assert config.unknown_keys == ("my_notes",)
+
+
+def test_a_command_checks_only_the_keys_it_uses(tmp_path):
+    write(tmp_path, {"model": "resnet_bogus", "modle": "x", "minimum_tag_count": 3})
+    with pytest.warns(UserWarning) as caught:
+        config = load_config(tmp_path, uses=("minimum_tag_count",))
+    assert config.minimum_tag_count == 3 and config.model == "resnet_custom_v2"
+    messages = [str(w.message) for w in caught]
+    assert any("model: must be one of" in m and "not used by this command" in m for m in messages)
+    assert any("unknown key 'modle' is ignored (did you mean 'model'?)" in m for m in messages)
+    with pytest.raises(ConfigError, match="model: must be one of"):
+        load_config(tmp_path)
 
 
 @pytest.mark.parametrize("value", [None, []])

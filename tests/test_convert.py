@@ -1,5 +1,7 @@
 """conv2tflite: conversion, the comparison with Keras, atomic output, and the errors."""
 
+import os
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -33,13 +35,19 @@ def keras_model(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_tflite_matches_keras_and_is_reported(tmp_path, keras_model):
+def test_tflite_matches_keras_and_is_reported(tmp_path, keras_model, capfd, monkeypatch):
     from deepdanbooru.inference.convert import run_tflite
 
     path, model = keras_model
     output = tmp_path / "model.tflite"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")  # recorded, so the value main() sets is undone
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")  # as in a shell: main() picks the quiet level (no --debug)
     result = run_cli("conv2tflite", "--model-path", path, "--save-path", output)
     assert result.exit_code == 0, result.output
+    assert "XNNPACK" not in capfd.readouterr().err  # the TFLite runtime's INFO line
+    umask = os.umask(0)
+    os.umask(umask)
+    assert output.stat().st_mode & 0o777 == 0o666 & ~umask  # what open() gives, not mkstemp's 0600
     assert f"to {output} (tflite" in result.output
     assert "Largest absolute difference from Keras on 8 sample inputs" in result.output
     # The file on disk, run independently on inputs the command never saw, agrees with Keras.

@@ -39,7 +39,8 @@ def test_a_recipe_lays_its_values_over_the_defaults(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"horizontal_flop": True}, "--recipe broken: unknown key 'horizontal_flop'"),
+    ({"horizontal_flop": True}, "--recipe broken: horizontal_flop: unknown key; did you mean 'horizontal_flip'"),
+    ({"sharpness_boost": True}, "--recipe broken: unknown key 'sharpness_boost'"),
     ({"model": "resnet_huge"}, "--recipe broken: model: must be one of"),
 ])
 def test_a_recipe_this_version_cannot_use_is_refused_and_nothing_written(tmp_path, monkeypatch, values, message):

@@ -289,3 +289,22 @@ def test_api_key_from_environment(server, tmp_path):
 
 def test_natural_key():
     assert sorted(["tag10", "tag2", "Tag1", "a"], key=natural_key) == ["a", "Tag1", "tag2", "tag10"]
+
+
+def test_paid_only_tags_are_left_out_unless_asked(server, tmp_path):
+    general = server.tables["0"]
+    general[1]["name"], general[3]["name"], general[5]["name"] = "loli", "shota", "toddlercon"
+    result = invoke(server, tmp_path / "default", "--limit", 10)
+    assert result.exit_code == 0, result.output
+    kept = load_tags(tmp_path / "default" / "tags-general.txt")
+    assert len(kept) == 10 and not {"loli", "shota", "toddlercon"} & set(kept)
+    assert "general_10" in kept and "general_12" in kept  # --limit counts the kept tags only
+    assert "Left out loli, shota, toddlercon" in result.output
+    assert "left out (paid accounts only): loli, shota, toddlercon" in (
+        tmp_path / "default" / "download-tags.log").read_text()
+
+    result = invoke(server, tmp_path / "all", "--limit", 10, "--include-paid-tags")
+    assert result.exit_code == 0, result.output
+    kept = load_tags(tmp_path / "all" / "tags-general.txt")
+    assert {"loli", "shota", "toddlercon"} <= set(kept) and len(kept) == 10
+    assert "include_paid_tags: true" in (tmp_path / "all" / "download-tags.log").read_text()

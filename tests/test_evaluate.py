@@ -174,7 +174,52 @@ def test_text_output_like_deepdanbooru(project, images):
     assert result.stdout == (
         f"Tags of {images['red']}:\n({HIGH:05.3f}) red\n\n"
         f"Tags of {images['yellow']}:\n({MID:05.3f}) red\n({MID:05.3f}) green\n\n")
-    assert result.stderr == ""
+    assert result.stderr == (f"Model: {project / 'model-resnet_small.keras'} (the project's final export); "
+                             "thresholds: 0.5 for every tag\n")
+
+
+def test_the_thresholds_csv_beside_the_model_is_used_unless_threshold_is_given(project, images):
+    beside = write_thresholds(project / "model-resnet_small.thresholds.csv", [("red", 0.95), ("green", 0.5)])
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tags"] == {"green": pytest.approx(MID, abs=1e-5)}  # red 0.881 < 0.95
+    assert result.stderr.splitlines()[0] == (
+        f"Model: {project / 'model-resnet_small.keras'} (the project's final export); thresholds: per tag from "
+        f"{beside} (0.5 for tags it does not list; --threshold sets one for every tag)")
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--format", "json", "--threshold", "0.5")
+    assert json.loads(result.stdout)["tags"] == {"red": pytest.approx(MID, abs=1e-5),
+                                                 "green": pytest.approx(MID, abs=1e-5)}
+    assert "thresholds: 0.5 for every tag (--threshold)" in result.stderr.splitlines()[0]
+    # evaluate-project names the model first too, and uses the same default.
+    result = run_cli("evaluate-project", project, images["yellow"], "--format", "json")
+    assert json.loads(result.stdout)["tags"] == {"green": pytest.approx(MID, abs=1e-5)}
+    assert result.stderr.startswith(f"Model: {project / 'model-resnet_small.keras'} (the project's final export)")
+
+
+def test_a_bad_training_setting_does_not_stop_evaluate(project, images):
+    config = json.loads((project / "project.json").read_text())
+    (project / "project.json").write_text(json.dumps({**config, "learning_rate": 0, "minibatch_sise": 8}))
+    result = run_cli("evaluate", images["red"], "--project-path", project)
+    assert result.exit_code == 0, result.output
+    assert "learning_rate: must be > 0.0, got 0 (not used by this command" in result.stderr
+    assert "unknown key 'minibatch_sise' is ignored (did you mean 'minibatch_size'?)" in result.stderr
+    config["model"] = "resnet_smal"
+    (project / "project.json").write_text(json.dumps(config))
+    result = run_cli("evaluate", images["red"], "--project-path", project)
+    assert result.exit_code == 2 and "model: must be one of" in result.stderr
+
+
+def test_a_missing_target_does_not_stop_the_others(project, images, tmp_path):
+    gone = tmp_path / "gone.png"
+    result = run_cli("evaluate", images["red"], gone, images["yellow"], tmp_path / "also_gone.jpg",
+                     "--project-path", project, "--format", "json")
+    assert result.exit_code == 1
+    assert [json.loads(line)["path"] for line in result.stdout.splitlines()] == [str(images["red"]),
+                                                                                 str(images["yellow"])]
+    errors = result.stderr.splitlines()
+    assert errors[0].startswith("Model: ")
+    assert errors[1:] == [f"skipped {gone}: not found", f"skipped {tmp_path / 'also_gone.jpg'}: not found",
+                          "2 of 4 images could not be read and were skipped"]
 
 
 def test_json_and_csv_outputs(project, images):
@@ -238,7 +283,7 @@ def test_corrupt_image_is_reported_and_skipped_with_exit_code_1(project, images,
     assert result.exit_code == 1
     tagged = [json.loads(line)["path"] for line in result.stdout.splitlines()]
     assert tagged == [str(images["green"]), str(images["red"]), str(images["yellow"])]
-    errors = result.stderr.splitlines()
+    errors = result.stderr.splitlines()[1:]  # after the Model: line
     assert errors[0].startswith(f"skipped {truncated}: ")
     assert errors[1] == f"skipped {not_image}: not an image (unrecognised file signature)"
     assert errors[2] == "2 of 5 images could not be read and were skipped"
@@ -275,7 +320,9 @@ def test_missing_export_is_a_clear_error_and_legacy_h5_is_used(project, images):
     colour_model().save(project / "model-resnet_small.h5")
     result = run_cli("evaluate", images["red"], "--project-path", project, "--verbose")
     assert result.exit_code == 0, result.output
-    assert "model-resnet_small.h5 (input 32x32, 3 tags" in result.stderr
+    assert result.stderr.startswith(f"Model: {project / 'model-resnet_small.h5'} (the project's DeepDanbooru .h5 "
+                                    "export)")
+    assert "Input 32x32, 3 tags" in result.stderr
     assert "CPU:0" in result.stderr.split("Devices: ")[1].splitlines()[0]
     assert "(1.000) red" in result.stdout
 

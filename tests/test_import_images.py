@@ -11,7 +11,7 @@ from PIL import Image
 from deepdanbooru.cli import main
 from deepdanbooru.dataset.records import load_records
 from deepdanbooru.project.tags import load_tags
-from deepdanbooru.tools import import_images as importer
+from deepdanbooru.dataset import import_images as importer
 from deepdanbooru.dataset.import_images import parse_sidecar
 
 
@@ -81,7 +81,7 @@ def test_imports_layout_md5_formats_and_skips(tmp_path):
         assert hashlib.md5(stored.read_bytes()).hexdigest() == md5[name]
         assert os.stat(stored).st_nlink == 1  # a copy, not a link
     assert "Imported 3 images" in result.output and "(ids 1-3)" in result.output
-    assert "Skipped: 1 duplicates, 2 unreadable, 2 without tags" in result.output
+    assert "Skipped: 1 duplicate, 2 unreadable, 2 without tags" in result.output
     assert f"{src / 'broken.jpg'}: unreadable image skipped" in result.output
     assert f"{src / 'text.jpg'}: unreadable image skipped: not an image in a format Pillow knows" in result.output
     assert f"{src / 'untagged.png'}: skipped: no .txt sidecar" in result.output
@@ -106,7 +106,7 @@ def test_second_import_appends_after_max_id_and_skips_known(tmp_path):
     assert result.exit_code == 0, result.output
     assert [(p[0], p[3]) for p in read_posts(dataset / "dataset.sqlite")] == [(1, "a"), (41, "y"), (42, "b")]
     assert "same bytes as the existing dataset" in result.output
-    assert "Imported 1 images" in result.output and "(ids 42-42)" in result.output
+    assert "Imported 1 image into" in result.output and "(ids 42-42)" in result.output
 
 
 def test_append_to_deepdanbooru_database_without_optional_columns(tmp_path):
@@ -124,7 +124,7 @@ def test_append_to_deepdanbooru_database_without_optional_columns(tmp_path):
     assert connection.execute("SELECT id, file_ext, tag_string, tag_count_general FROM posts").fetchall() == [
         (1, "gif", "a b", 2)]
     connection.close()
-    assert "1 imported images are not png/jpg" in result.output
+    assert "1 imported image is not png/jpg" in result.output
 
 
 def test_link_makes_hard_links(tmp_path):
@@ -144,7 +144,7 @@ def test_dataset_inside_src_is_not_scanned(tmp_path):
     put(src, "b.png", image_bytes("PNG", color=(5, 5, 5)), "b")
     result = invoke(src, src / "dataset")
     assert result.exit_code == 0, result.output
-    assert "Skipped: 1 duplicates, 0 unreadable, 0 without tags" in result.output
+    assert "Skipped: 1 duplicate, 0 unreadable, 0 without tags" in result.output
 
 
 def test_dataset_equal_to_src(tmp_path):
@@ -153,7 +153,7 @@ def test_dataset_equal_to_src(tmp_path):
     assert invoke(src, src).exit_code == 0
     result = invoke(src, src)
     assert result.exit_code == 0, result.output
-    assert "Skipped: 1 duplicates, 0 unreadable, 0 without tags" in result.output
+    assert "Skipped: 1 duplicate, 0 unreadable, 0 without tags" in result.output
     assert len(read_posts(src / "dataset.sqlite")) == 1
 
 
@@ -240,3 +240,28 @@ def test_import_then_make_tags_round_trip(tmp_path):
     for path in records.paths():
         with Image.open(path) as image:
             assert image.format == "JPEG"
+
+
+def test_next_steps_give_a_database_path_that_works_when_pasted(tmp_path, monkeypatch):
+    """database_path is resolved from the project folder: relative to it with --project-path, else absolute."""
+    from deepdanbooru.project.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    put(tmp_path / "src", "a.png", image_bytes("PNG"), "a")
+    (tmp_path / "work" / "project").mkdir(parents=True)
+    result = invoke("src", "mydata", "--project-path", "work/project")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = lines.index('Next: set "database_path": "../../mydata/dataset.sqlite" in work/project/project.json, '
+                        "then run")
+    assert lines[start + 1:start + 3] == ["  deepdanbooru make-tags work/project",
+                                          "  deepdanbooru train-project work/project"]
+    (tmp_path / "work" / "project" / "project.json").write_text('{"database_path": "../../mydata/dataset.sqlite"}')
+    assert load_config(tmp_path / "work" / "project").require_database() .resolve() == \
+        (tmp_path / "mydata" / "dataset.sqlite").resolve()
+
+    put(tmp_path / "src2", "b.png", image_bytes("PNG", color=(7, 7, 7)), "b")
+    result = invoke("src2", "mydata")
+    assert f'Next: set "database_path": "{(tmp_path / "mydata" / "dataset.sqlite").resolve()}" in your project\'s ' \
+           "project.json, then run" in result.output
+    assert "  deepdanbooru make-tags PROJECT" in result.output

@@ -53,11 +53,11 @@ def test_tags_by_frequency_ties_by_name_rating_last(tmp_path):
 
 def test_min_count_limit_and_no_system_tags(tmp_path):
     project = make_project(tmp_path, ROWS)
-    result = invoke(project, "--min-count", 2, "--limit", 2)
+    result = invoke(project, "--minimum-post-count", 2, "--limit", 2)
     assert result.exit_code == 0, result.output
     assert load_tags(project / "tags.txt") == ["cat", "bird", "rating:general"]
     out = tmp_path / "other.txt"
-    result = invoke(project, "--no-system-tags", "--output", out)
+    result = invoke(project, "--no-system-tags", "--save-path", out)
     assert result.exit_code == 0, result.output
     assert out.read_text() == "cat\nbird\ndog\nant\nzebra\n"
 
@@ -82,7 +82,7 @@ def test_refuses_to_overwrite(tmp_path):
 
 def test_no_tag_reaches_min_count(tmp_path):
     project = make_project(tmp_path, ROWS)
-    result = invoke(project, "--min-count", 4)
+    result = invoke(project, "--minimum-post-count", 4)
     assert result.exit_code == 2
     assert "no tag occurs in 4 or more of the 5 eligible posts" in result.output
     assert not (project / "tags.txt").exists()
@@ -109,13 +109,21 @@ def test_bad_project_inputs(tmp_path):
 
     make_project(tmp_path / "other", ROWS)
     (project / "project.json").write_text(json.dumps({"database_path": str(tmp_path / "other/data/posts.sqlite")}))
-    result = invoke(project, "--output", tmp_path / "missing" / "tags.txt")
+    result = invoke(project, "--save-path", tmp_path / "missing" / "tags.txt")
     assert result.exit_code == 2
     assert f"{tmp_path / 'missing' / 'tags.txt'}: directory {tmp_path / 'missing'} does not exist" in result.output
 
-    result = invoke(project, "--min-count", 0)
-    assert result.exit_code == 2 and "--min-count" in result.output
+    result = invoke(project, "--minimum-post-count", 0)
+    assert result.exit_code == 2 and "--minimum-post-count" in result.output
     assert not (project / "tags.txt").exists()
+
+
+def test_keys_make_tags_does_not_use_only_warn(tmp_path):
+    project = make_project(tmp_path, ROWS, extra={"model": "resnet_bogus", "minibatch_size": 0})
+    result = invoke(project)
+    assert result.exit_code == 0, result.output
+    assert load_tags(project / "tags.txt")[0] == "cat"
+    assert "warning: " in result.output and "model: must be one of" in result.output
 
 
 def test_rank_tags_directly():

@@ -403,7 +403,7 @@ def test_missing_corrupt_or_unknown_model_files_are_model_errors(tmp_path):
 def test_show_model_json_and_text():
     runner = CliRunner()
     result = runner.invoke(main, ["show-model", "resnet_small", "--width", "64", "--height", "48",
-                                  "--tags", "5", "--json"], catch_exceptions=False)
+                                  "--tags", "5", "--format", "json"], catch_exceptions=False)
     assert result.exit_code == 0
     info = json.loads(result.stdout)
     assert info["input_shape"] == [48, 64, 3] and info["output_shape"] == [5]

@@ -99,8 +99,9 @@ def test_tensorboard_scalars_and_resume_purge(tmp_path):
     resumed.on_train_begin(run_info(tmp_path, resumed_at=4))
     # Steps 5 and 6 of every training tag, and the validation at step 6.
     removed = 2 * len(TRAIN_TAGS) + len(set(report(6).metrics) - NOT_PLOTTED)
-    assert lines == [f"notice: removed {removed} TensorBoard point(s) past step 4 written by an earlier run that did "
-                     "not reach its next checkpoint"]
+    assert lines[0].startswith(f"TensorBoard: tensorboard --logdir {logs}")  # the command to view them
+    assert lines[1:] == [f"notice: removed {removed} TensorBoard point(s) past step 4 written by an earlier run that "
+                         "did not reach its next checkpoint"]
     for step in range(3, 9):  # steps <= 4 are not written again
         resumed.on_step_log(step_log(step, loss=100.0 + step))
         if step % 2 == 0:

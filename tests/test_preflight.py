@@ -21,7 +21,7 @@ from deepdanbooru.project.tags import tags_hash
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
 PROJECT_CHECKS = ["config", "tags", "model", "database", "eligible", "md5", "images", "labels", "duplicates",
-                  "checkpoint", "lock"]
+                  "split", "checkpoint", "lock"]
 
 
 def statuses(results):
@@ -92,7 +92,13 @@ def test_good_project_passes_every_check_and_writes_nothing(sample_project, samp
     before = snapshot(sample_project, sample_dataset[0].parent)
     results = training_preflight(sample_project)
     assert [r.name for r in results] == PROJECT_CHECKS
-    assert all(r.status == "PASS" for r in results), results
+    # 24 posts are too few for one of the sample's tags: the only warning.
+    assert all(r.status == "PASS" for r in results if r.name != "split"), results
+    assert statuses(results)["split"] == "WARN"
+    assert detail(results, "split") == (
+        "24 training and 0 validation posts (validation_fraction 0); results cannot be trusted: 1 tag of 17 has "
+        "fewer than 5 positive examples among the 24 training posts and cannot be learnt; add posts or drop rare "
+        "tags from tags.txt (make-tags --minimum-post-count)")
     assert detail(results, "eligible") == \
         "24 eligible posts of 24 (file_ext in (png, jpg, jpeg) and tag_count_general >= 1)"
     assert detail(results, "images") == "checked the first 20 of 24 eligible images (by id): jpeg 20; 32x32"
@@ -139,12 +145,14 @@ def test_invalid_json_fails_config(project):
     assert "invalid JSON at line 1" in only_failure(training_preflight(project), "config")
 
 
-def test_unknown_key_is_a_warning_with_a_suggestion(project):
-    edit_config(project, modle="resnet_small")
+def test_unknown_key_is_a_warning_and_a_misspelt_one_fails(project):
+    edit_config(project, notes="resnet_small")
     results = training_preflight(project)
     assert statuses(results)["config"] == "WARN"
-    assert "unknown key 'modle' is ignored (did you mean 'model'?)" in detail(results, "config")
+    assert "unknown key 'notes' is ignored" in detail(results, "config")
     assert "FAIL" not in statuses(results).values()
+    edit_config(project, modle="resnet_small")
+    assert "modle: unknown key; did you mean 'model'?" in only_failure(training_preflight(project), "config")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -311,8 +319,15 @@ def test_checkpoint_says_the_next_run_resumes_with_the_counters(project):
     results = training_preflight(project)
     assert statuses(results)["checkpoint"] == "PASS"
     assert detail(results, "checkpoint") == (
-        f"the next train-project will RESUME from {directory / 'ckpt-3'} "
-        "(used_epoch 1, used_minibatch 12, used_sample 48, offset 8, random_seed 1)")
+        f"the next train-project will RESUME from {directory / 'ckpt-3'}: used_epoch=1 used_minibatch=12 "
+        "used_sample=48 offset=8 random_seed=1 (1 of 10 epoch(s) done, 8 of 24 records into epoch 2)")
+
+
+def test_a_fully_trained_epoch_counts_as_done(project):
+    """The last checkpoint of an epoch holds offset = train records: preflight reads it as the epoch end."""
+    write_checkpoint(project, state=trainer_state(project, used_epoch=2, offset=24, random_seed=2))
+    assert detail(training_preflight(project), "checkpoint").endswith(
+        ": used_epoch=3 used_minibatch=12 used_sample=48 offset=0 random_seed=3 (3 of 10 epoch(s) done)")
 
 
 def test_checkpoint_without_state_file_still_says_resume(project):
@@ -321,9 +336,10 @@ def test_checkpoint_without_state_file_still_says_resume(project):
         f"the next train-project will RESUME from {directory / 'ckpt-3'} (no state.json to show its counters)")
 
 
-def test_finished_training_is_explained(project):
+@pytest.mark.parametrize("used_epoch, offset", [(2, 0), (1, 24)])
+def test_finished_training_is_explained(project, used_epoch, offset):
     edit_config(project, epoch_count=2)
-    write_checkpoint(project, state=trainer_state(project, used_epoch=2, offset=0, complete=True))
+    write_checkpoint(project, state=trainer_state(project, used_epoch=used_epoch, offset=offset, complete=True))
     assert "all 2 epoch(s) are trained, so it only exports the final model again (raise epoch_count to train on)" \
         in detail(training_preflight(project), "checkpoint")
 
@@ -441,9 +457,10 @@ def test_script_lines_json_and_exit_codes(project):
     assert good.returncode == 0, good.stdout + good.stderr
     lines = good.stdout.splitlines()
     assert [line.split()[1] for line in lines[:-1]] == PROJECT_CHECKS
-    assert all(line.startswith("PASS  ") for line in lines[:-1]) and lines[-1] == "preflight passed"
+    assert all(line.startswith("WARN  " if line.split()[1] == "split" else "PASS  ") for line in lines[:-1])
+    assert lines[-1] == "preflight passed with warnings: split"  # 24 posts: a rare tag
     image_of(project, 1).unlink()
-    bad = run_script("training_preflight.py", project, "--json")
+    bad = run_script("training_preflight.py", project, "--format", "json")
     assert bad.returncode == 1
     report = json.loads(bad.stdout)
     assert report["ok"] is False and report["exit_code"] == 1
@@ -471,7 +488,7 @@ def test_cli_preflight_uses_the_same_checks(project):
     assert good.exit_code == 0, good.output
     assert "PASS  images      checked the first 3 of 24 eligible images" in good.output
     image_of(project, 2).write_bytes(b"")
-    bad = runner.invoke(main, ["preflight", str(project), "--json"])
+    bad = runner.invoke(main, ["preflight", str(project), "--format", "json"])
     assert bad.exit_code == 1
     assert json.loads(bad.output)["checks"][6]["detail"].endswith("empty file (0 bytes)")
     assert runner.invoke(main, ["preflight", str(project / "nope")]).exit_code == 2
@@ -535,7 +552,7 @@ def test_probes_report_a_missing_tensorflow_instead_of_crashing(project, tmp_pat
         sys.meta_path.insert(0, Blocker())
     """))
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}")
-    done = run_script("training_preflight.py", project, "--probe-imports", "--probe-tensorflow", "--json", env=env)
+    done = run_script("training_preflight.py", project, "--probe-imports", "--probe-tensorflow", "--format", "json", env=env)
     assert done.returncode == 1, done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["import tensorflow"]["status"] == "FAIL"

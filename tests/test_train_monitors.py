@@ -38,7 +38,11 @@ def test_console_lines():
     lines.clear()
     console.on_train_begin(_run("p/checkpoints/ckpt-3", Progress(1, 30, 118, 20, 1, 2, 100)))
     assert lines[-1] == ("Resuming from p/checkpoints/ckpt-3: used_epoch=1 used_minibatch=30 used_sample=118 "
-                         "offset=20 random_seed=1")
+                         "offset=20 random_seed=1 (1 of 2 epoch(s) done, 20 of 100 records into epoch 2)")
+    lines.clear()
+    console.on_train_begin(_run("p/checkpoints/ckpt-3", Progress(0, 25, 100, 100, 0, 2, 100)))
+    assert lines[-1] == ("Resuming from p/checkpoints/ckpt-3: used_epoch=1 used_minibatch=25 used_sample=100 "
+                         "offset=0 random_seed=1 (1 of 2 epoch(s) done)")
     progress = Progress(1, 40, 158, 40, 1, 2, 100)
     console.on_step_log(StepLog(progress, loss=0.25, precision=0.5, recall=0.25, f1=1 / 3,
                                 samples_per_second=12.34, eta_seconds=3725, fraction=progress.fraction(60)))

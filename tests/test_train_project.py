@@ -124,8 +124,8 @@ def test_fresh_run_reproducible_and_resume_at_an_epoch_boundary(trained, tmp_pat
     lines = []
     train_project(project, echo=lines.append)
     # The last checkpoint is the last slice's: epoch 1's end runs again (re-export), then epoch 2.
-    assert any(line.startswith("Resuming from ") and "used_epoch=0 used_minibatch=6 used_sample=24 offset=24 "
-               "random_seed=0" in line for line in lines)
+    assert any(line.startswith("Resuming from ") and "used_epoch=1 used_minibatch=6 used_sample=24 offset=0 "
+               "random_seed=1 (1 of 2 epoch(s) done)" in line for line in lines)
     for name in EXPORTS:
         assert_same_weights(reference / name, project / name)
     before = {p.name: p.stat().st_mtime_ns for p in (project / "checkpoints").glob("ckpt-*")}

@@ -163,7 +163,7 @@ def test_checkpoint_without_monitor_state_resumes_with_the_default_monitors(tmp_
     set_config(project, epoch_count=2)
     lines = []
     train_project(project, echo=lines.append)
-    assert any("used_epoch=0 used_minibatch=5" in line for line in lines)
+    assert any("used_epoch=1 used_minibatch=5" in line for line in lines)
     assert not any(line.startswith("Best so far") for line in lines)  # nothing was restored for it
     best = json.loads((project / f"{MODEL}.best.json").read_text())
     assert best["used_minibatch"] >= 5 and best["previous"] in (None, *[r["macro_f1"] for r in validations(project)])
@@ -194,7 +194,7 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     runner = CliRunner()
 
     def metrics_of(*options):
-        result = runner.invoke(main, ["evaluate-project", str(project), "--metrics", "--json", *options])
+        result = runner.invoke(main, ["evaluate-project", str(project), "--metrics", "--format", "json", *options])
         assert result.exit_code == 0, result.output
         return json.loads(result.output.strip().splitlines()[-1])
 
@@ -207,14 +207,17 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     assert all(isinstance(final["metrics"][key], float) for key in published)
     assert 0.0 <= final["metrics"]["pr_threshold"] <= 1.0
     assert not any(key.startswith(("general_", "character_")) for key in final["metrics"])
-    best = metrics_of("--model", str(project / f"{MODEL}.best.keras"))
+    best = metrics_of("--model-path", str(project / f"{MODEL}.best.keras"))
     assert best["metrics"] == json.loads((project / f"{MODEL}.best.json").read_text())["metrics"]
+    assert (final["model_kind"], best["model_kind"]) == ("the project's final export",
+                                                         "the project's best model (--model-path)")
     assert metrics_of("--threshold", "0.3")["metrics"]["threshold"] == 0.3
     ranged = metrics_of("--split", "all", "--start-id", "5", "--end-id", "12")
     assert (ranged["records"], ranged["first_id"], ranged["last_id"], ranged["split"]) == (8, 5, 12, "all")
 
     text = runner.invoke(main, ["evaluate-project", str(project), "--metrics"])
     assert text.exit_code == 0, text.output
+    assert text.output.splitlines()[0] == f"Model: {project / MODEL}.keras (the project's final export)"
     rows = dict(line.split(None, 1) for line in text.output.splitlines()[2:])
     assert rows["micro_f1"] == f"{final['metrics']['micro_f1']:.4f}" and rows["samples"] == "4"
     assert rows["pr_threshold"] == f"{final['metrics']['pr_threshold']:.4f}"
@@ -223,10 +226,10 @@ def test_evaluate_project_metrics_match_the_exports(validated):
 @pytest.mark.parametrize("arguments, message", [
     (["--metrics", "image.jpg"], "TARGET is not used with --metrics"),
     ([], "Missing argument 'TARGET'"),
-    (["image.jpg", "--json"], "--json can only be used with --metrics"),
+    (["image.jpg", "--split", "all"], "--split can only be used with --metrics"),
     (["--metrics", "--start-id", "9", "--end-id", "3"], "--start-id 9 is greater than --end-id 3"),
     (["--metrics", "--split", "all", "--start-id", "1000"], "posts: no record in the eligible posts with 1000 <= id"),
-    (["--metrics", "--model", "missing.keras"], "missing.keras: model file not found"),
+    (["--metrics", "--model-path", "missing.keras"], "missing.keras: model file not found"),
 ])
 def test_evaluate_project_metrics_usage_errors(validated, arguments, message):
     project, _ = validated

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +24,9 @@ from deepdanbooru.dataset.records import (
 )
 from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
 from deepdanbooru.project.config import load_config
-from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.fileio import create_beside, write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.wording import plural
 
 RATING_TAGS = {
     "g": "rating:general",
@@ -171,7 +171,7 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
                   "WHERE id >= ? AND id <= ? AND typeof(id) = 'integer' ORDER BY id LIMIT ?")
 
         output.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+        handle, temporary = create_beside(output)
         os.close(handle)
         try:
             summary = _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted,
@@ -190,7 +190,8 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
                f"{summary.skipped_bad_md5} with an empty or unsafe md5 (first: id {summary.first_bad_md5_id})"
                if summary.skipped_bad_md5 else ""]
     skipped = [text for text in skipped if text]
-    echo(f"Wrote {summary.copied} posts to {output}" + (f" (skipped {', '.join(skipped)})" if skipped else ""))
+    echo(f"Wrote {plural(summary.copied, 'post')} to {output}"
+         + (f" (skipped {', '.join(skipped)})" if skipped else ""))
     if summary.ratings or summary.unknown_rating:
         counts = ", ".join(f"{tag} {summary.ratings[tag]}" for tag in SYSTEM_TAGS if summary.ratings[tag])
         unknown = f"; {summary.unknown_rating} without a g/s/q/e rating" if summary.unknown_rating else ""
@@ -311,16 +312,20 @@ def rank_tags(counts: Counter, min_count: int = 1, limit: int = 0, system_tags: 
     return regular + system
 
 
-def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool = False, output=None,
+# All make-tags reads of project.json: a bad model name or batch size must not stop it.
+MAKE_TAGS_KEYS = ("database_path", "minimum_tag_count", "image_extensions")
+
+
+def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrite: bool = False, save_path=None,
               system_tags: bool = True, echo=print) -> list[str]:
     """Write tags.txt from the tag frequencies of the project's eligible posts."""
-    if min_count < 1:
-        raise UserError(f"--min-count must be >= 1, got {min_count}")
+    if minimum_post_count < 1:
+        raise UserError(f"--minimum-post-count must be >= 1, got {minimum_post_count}")
     if limit < 0:
         raise UserError(f"--limit must be >= 0, got {limit}")
-    config = load_config(project_dir)
+    config = load_config(project_dir, uses=MAKE_TAGS_KEYS)
     database = config.require_database()
-    target = Path(output) if output else ProjectPaths(project_dir).tags
+    target = Path(save_path) if save_path else ProjectPaths(project_dir).tags
     if target.is_dir():
         raise TagsError(file_field(target, None, "is a directory; give a file path"))
     if not target.parent.is_dir():
@@ -335,16 +340,16 @@ def make_tags(project_dir, min_count: int = 1, limit: int = 0, overwrite: bool =
                                       f"tag_count_general >= {config.minimum_tag_count}, minimum_tag_count in "
                                       f"{config.config_path})"))
     counts = count_tags(records.tag_strings)
-    tags = rank_tags(counts, min_count, limit, system_tags)
+    tags = rank_tags(counts, minimum_post_count, limit, system_tags)
     if not tags:
         raise TagsError(file_field(target, None,
-                                   f"not written: no tag occurs in {min_count} or more of the "
-                                   f"{len(records)} eligible posts of {database}; lower --min-count"))
+                                   f"not written: no tag occurs in {minimum_post_count} or more of the "
+                                   f"{len(records)} eligible posts of {database}; lower --minimum-post-count"))
     write_text_atomic(target, "".join(f"{tag}\n" for tag in tags))
 
     total_posts = _count_posts(database)
     n_system = sum(1 for tag in tags if is_system_tag(tag))
-    echo(f"Wrote {len(tags)} tags ({n_system} rating system tags) to {target}")
+    echo(f"Wrote {plural(len(tags), 'tag')} ({n_system} rating system tags) to {target}")
     echo(f"from {len(records)} eligible of {total_posts} posts in {database} "
          f"(minimum_tag_count {config.minimum_tag_count}); {len(counts)} distinct tags seen")
     top = [tag for tag in tags if not is_system_tag(tag)][:5]

@@ -49,6 +49,9 @@ CATEGORIES = (
 ALL_TAGS_FILE = "tags.txt"
 LOG_FILE = "download-tags.log"
 OUTPUT_FILES = tuple(c.file_name for c in CATEGORIES) + (ALL_TAGS_FILE, CATEGORIES_FILE, LOG_FILE)
+# Danbooru shows the posts of these tags only to paid accounts, so their images cannot be downloaded for
+# training; DeepDanbooru's download-tags leaves them out for that reason (--include-paid-tags keeps them).
+PAID_TAGS = ("loli", "shota", "toddlercon")
 
 
 @dataclass
@@ -58,6 +61,7 @@ class CategoryResult:
     pages: int = 0
     stop_reason: str = ""
     invalid_names: int = 0
+    paid_skipped: list[str] = field(default_factory=list)
 
 
 class TagClient:
@@ -142,7 +146,9 @@ def _error_body(error: urllib.error.HTTPError) -> str:
     return f": {text}" if text else ""
 
 
-def fetch_category(client: TagClient, category: Category, limit: int, minimum_post_count: int) -> CategoryResult:
+def fetch_category(client: TagClient, category: Category, limit: int, minimum_post_count: int,
+                   exclude: frozenset[str] = frozenset()) -> CategoryResult:
+    """Page through one category; names in `exclude` are skipped and do not count towards `limit`."""
     result = CategoryResult(category)
     seen: set[str] = set()
     page_size = min(PAGE_SIZE, limit)
@@ -170,6 +176,9 @@ def fetch_category(client: TagClient, category: Category, limit: int, minimum_po
             if name in seen:
                 continue
             seen.add(name)
+            if name in exclude:
+                result.paid_skipped.append(name)
+                continue
             result.tags.append((name, count))
             if len(result.tags) >= limit:
                 result.stop_reason = f"limit of {limit} tags"
@@ -195,7 +204,7 @@ def natural_key(tag: str):
 
 def download_tags(path, username: str, api_key: str, limit: int = 10000, minimum_post_count: int = 500,
                   overwrite: bool = False, base_url: str = DEFAULT_BASE_URL, echo=print, notice=print,
-                  client: TagClient | None = None) -> dict[str, list[str]]:
+                  client: TagClient | None = None, include_paid_tags: bool = False) -> dict[str, list[str]]:
     """Fetch every category, then write the tag files; nothing is written unless all downloads succeed."""
     path = Path(path)
     if limit < 1:
@@ -211,10 +220,14 @@ def download_tags(path, username: str, api_key: str, limit: int = 10000, minimum
     client = client or TagClient(base_url, username, api_key, notice=notice)
     started = datetime.now(timezone.utc)
     results = []
+    exclude = frozenset() if include_paid_tags else frozenset(PAID_TAGS)
     for category in CATEGORIES:
         echo(f"Downloading {category.name} tags from {client.base_url} ...")
-        result = fetch_category(client, category, limit, minimum_post_count)
+        result = fetch_category(client, category, limit, minimum_post_count, exclude)
         echo(f"{len(result.tags)} {category.name} tags ({result.pages} pages; stopped at {result.stop_reason})")
+        if result.paid_skipped:
+            echo(f"Left out {', '.join(result.paid_skipped)}: their posts are visible to paid accounts only "
+                 "(--include-paid-tags keeps them)")
         results.append(result)
 
     lists: dict[str, list[str]] = {}
@@ -236,25 +249,28 @@ def download_tags(path, username: str, api_key: str, limit: int = 10000, minimum
         write_text_atomic(path / result.category.file_name, "".join(f"{t}\n" for t in lists[result.category.name]))
     write_text_atomic(path / CATEGORIES_FILE, json.dumps(starts, indent=2) + "\n")
     write_text_atomic(path / LOG_FILE, _log_text(started, client, username, limit, minimum_post_count, results,
-                                                 len(all_tags)))
+                                                 len(all_tags), include_paid_tags))
     write_text_atomic(path / ALL_TAGS_FILE, "".join(f"{t}\n" for t in all_tags))
     echo(f"Wrote {len(all_tags)} tags ({len(SYSTEM_TAGS)} rating system tags) to {path / ALL_TAGS_FILE}")
     return lists
 
 
-def _log_text(started, client, username, limit, minimum_post_count, results, total) -> str:
+def _log_text(started, client, username, limit, minimum_post_count, results, total, include_paid_tags) -> str:
     lines = [
         f"date: {started.isoformat(timespec='seconds')}",
         f"server: {client.base_url}/tags.json",
         f"username: {username}",
         f"limit: {limit}",
         f"minimum_post_count: {minimum_post_count}",
+        f"include_paid_tags: {str(include_paid_tags).lower()}",
         f"requests: {client.requests}",
     ]
     for result in results:
         counts = [count for _, count in result.tags]
         span = f", post counts {max(counts)}..{min(counts)}" if counts else ""
         invalid = f", {result.invalid_names} names with whitespace skipped" if result.invalid_names else ""
+        if result.paid_skipped:
+            invalid += f", left out (paid accounts only): {', '.join(result.paid_skipped)}"
         lines.append(f"{result.category.name} (search[category]={result.category.api_id}): {len(result.tags)} "
                      f"tags in {result.pages} pages{span}; stopped at {result.stop_reason}{invalid}")
     lines.append(f"tags.txt: {total} tags (general, character, then {', '.join(SYSTEM_TAGS)})")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import sqlite3
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +22,10 @@ from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
 from deepdanbooru.errors import DatasetError, UserError, file_field
+from deepdanbooru.fileio import create_beside
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, EXTENSION_BY_PILLOW_NAME, IMAGE_EXTENSIONS
 from deepdanbooru.project.config import KEY_BY_NAME
+from deepdanbooru.wording import plural
 
 DATABASE_NAME = "dataset.sqlite"
 DEFAULT_EXTENSIONS = IMAGE_EXTENSIONS
@@ -156,7 +158,7 @@ class _Placer:
 
     @staticmethod
     def _copy(data: bytes, target: Path) -> None:
-        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        handle, temporary = create_beside(target)
         try:
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
@@ -199,11 +201,13 @@ def _open_existing(database: Path):
 
 
 def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSIONS, echo=print,
-                  warn=print, group_duplicates: bool = False) -> ImportSummary:
+                  warn=print, group_duplicates: bool = False, project=None) -> ImportSummary:
     """Import every image under SRC that has tags into DATASET; returns what was done and skipped.
 
     group_duplicates (a new dataset only): near-identical pictures share a
     split_id, so they land on one side of the validation split.
+    project: the project the dataset is for, so the closing advice gives database_path as project.json
+    resolves it (relative to the project folder).
     """
     src, dataset = Path(src), Path(dataset)
     extensions = parse_extensions(extensions)
@@ -236,7 +240,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
                                           f"unreadable, {len(summary.duplicates)} duplicates)"))
         if connection is None:
-            handle, temporary = tempfile.mkstemp(prefix=f".{DATABASE_NAME}.", suffix=".tmp", dir=dataset)
+            handle, temporary = create_beside(database)
             os.close(handle)
             connection = sqlite3.connect(temporary)
             connection.execute(POSTS_SCHEMA)
@@ -264,9 +268,9 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
                     os.unlink(path)
         placer.undo()
         raise
-    _report(summary, dataset, echo, warn)
     if group_duplicates:
         echo(duplicates.describe(grouped))
+    _report(summary, dataset, echo, warn, project)
     return summary
 
 
@@ -317,7 +321,7 @@ def _collect(images, src, known: set, max_id: int, placer: _Placer, summary: Imp
     return rows
 
 
-def _report(summary: ImportSummary, dataset: Path, echo, warn) -> None:
+def _report(summary: ImportSummary, dataset: Path, echo, warn, project=None) -> None:
     for items, line in ((summary.unreadable, "warning: {}: unreadable image skipped: {}"),
                         (summary.untagged, "warning: {}: skipped: {}"),
                         (summary.duplicates, "note: {}: same bytes as {}, skipped")):
@@ -326,15 +330,34 @@ def _report(summary: ImportSummary, dataset: Path, echo, warn) -> None:
         if len(items) > LISTED:
             warn(f"... and {len(items) - LISTED} more like that")
     ids = f" (ids {summary.first_id}-{summary.last_id})" if summary.imported else ""
-    echo(f"Imported {summary.imported} images into {summary.database}{ids}")
-    echo(f"Skipped: {len(summary.duplicates)} duplicates, {len(summary.unreadable)} unreadable, "
-         f"{len(summary.untagged)} without tags")
+    echo(f"Imported {plural(summary.imported, 'image')} into {summary.database}{ids}")
+    echo(f"Skipped: {plural(len(summary.duplicates), 'duplicate')}, {len(summary.unreadable):,} unreadable, "
+         f"{len(summary.untagged):,} without tags")
     minimum = KEY_BY_NAME["minimum_tag_count"].default
     if summary.few_tags:
-        echo(f"note: {summary.few_tags} imported posts have fewer than {minimum} tags, the default "
-             "minimum_tag_count; lower minimum_tag_count in project.json to train on them")
+        echo(f"note: {plural(summary.few_tags, 'imported post')} {'has' if summary.few_tags == 1 else 'have'} "
+             f"fewer than {minimum} tags, the default minimum_tag_count; lower minimum_tag_count in project.json "
+             "to train on them")
     if summary.wider_formats:
-        echo(f"note: {summary.wider_formats} imported images are not png/jpg; add their formats to "
+        echo(f"note: {plural(summary.wider_formats, 'imported image')} "
+             f"{'is' if summary.wider_formats == 1 else 'are'} not png/jpg; add their formats to "
              "image_extensions in project.json to train on them")
-    echo(f"Next: set database_path in project.json to {dataset / DATABASE_NAME}, "
-         "then run `deepdanbooru make-tags PROJECT`")
+    for line in next_steps(dataset / DATABASE_NAME, project):
+        echo(line)
+
+
+def next_steps(database: Path, project=None) -> list[str]:
+    """What to paste into project.json and run next.
+
+    database_path is resolved against the project folder, not the current one: relative to the
+    project when it is known, else absolute.
+    """
+    if project is None:
+        value, config, name = str(database.resolve()), "your project's project.json", "PROJECT"
+    else:
+        project = Path(project)
+        value = os.path.relpath(database.resolve(), project.resolve())
+        config, name = str(project / "project.json"), str(project)
+    return [f"Next: set \"database_path\": {json.dumps(value)} in {config}, then run",
+            f"  deepdanbooru make-tags {name}",
+            f"  deepdanbooru train-project {name}"]

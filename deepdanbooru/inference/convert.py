@@ -19,6 +19,7 @@ import numpy as np
 from deepdanbooru import exitcodes
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.fileio import write_bytes_atomic
+from deepdanbooru.tfimport import filtered_stderr
 
 FORMATS = ("tflite", "onnx")
 # Float conversions reorder a few float32 operations: differences of ~1e-6 were measured.
@@ -137,14 +138,17 @@ def to_tflite(model, optimize_default=False, optimize_sparsity=False) -> bytes:
 
 
 def run_tflite(content: bytes, images: np.ndarray) -> np.ndarray:
-    interpreter = _tflite_interpreter(content)
-    source = interpreter.get_input_details()[0]
-    target = interpreter.get_output_details()[0]
-    interpreter.resize_tensor_input(source["index"], list(images.shape))
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(source["index"], images.astype(source["dtype"]))
-    interpreter.invoke()
-    return np.array(interpreter.get_tensor(target["index"]), dtype=np.float32)
+    # The runtime announces its XNNPACK delegate on stderr ("INFO: Created ..."): an INFO line, shown
+    # only at TF_CPP_MIN_LOG_LEVEL 0 (--debug).
+    with filtered_stderr():
+        interpreter = _tflite_interpreter(content)
+        source = interpreter.get_input_details()[0]
+        target = interpreter.get_output_details()[0]
+        interpreter.resize_tensor_input(source["index"], list(images.shape))
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(source["index"], images.astype(source["dtype"]))
+        interpreter.invoke()
+        return np.array(interpreter.get_tensor(target["index"]), dtype=np.float32)
 
 
 def _tflite_interpreter(content: bytes):
@@ -287,7 +291,7 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
 
     `sample_images` (files) are compared too, after the generated inputs.
     """
-    from deepdanbooru.inference.model_files import resolve_model_source
+    from deepdanbooru.inference.model_files import MODEL_KEYS, resolve_model_source
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, load_config
 
@@ -299,7 +303,8 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
         shape = model.input_shape
         if len(shape) != 4 or None in shape[1:3]:
             raise ModelError(f"{model_file}: input shape {shape} has no fixed image size")
-        limit = load_config(project_path).max_image_pixels if project_path else DEFAULT_MAX_IMAGE_PIXELS
+        limit = (load_config(project_path, uses=MODEL_KEYS).max_image_pixels if project_path
+                 else DEFAULT_MAX_IMAGE_PIXELS)
         images = np.concatenate([sample_inputs(shape[1], shape[2]),
                                  load_sample_images(sample_images, shape[1], shape[2], limit)])
     report = convert_model(model, save_path, output_format, optimize_default, optimize_sparsity, tolerance,

@@ -6,11 +6,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.errors import file_field
+from deepdanbooru.inference.model_files import choose_thresholds, resolve_model_files
 from deepdanbooru.inference.output import FORMATS, caption, make_writer, print_err, select_tags, threshold_vector
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.tags import load_tags
+from deepdanbooru.wording import plural
 
 
 @dataclass
@@ -24,7 +26,7 @@ class EvaluationSummary:
 class TaggingOptions:
     """How evaluate finds the images, thresholds the scores and reports the tags (the command's options)."""
 
-    threshold: float = 0.5
+    threshold: float | None = None  # None: the per-tag CSV beside the model when there is one, else 0.5
     thresholds_csv: str | None = None
     allow_folder: bool = False
     folder_filters: str = DEFAULT_FOLDER_FILTERS
@@ -42,13 +44,19 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
 
     Everything that can be checked without TensorFlow (targets, model and
     tags files, thresholds) is checked first, so a typo fails in a second.
-    Unreadable images are reported through `echo_err` and listed in the summary.
+    Missing and unreadable images are reported through `echo_err` and listed in
+    the summary; the others are still tagged. The first line on `echo_err` names
+    the model and the thresholds.
+    threshold: None uses the per-tag CSV beside the model when there is one (else 0.5).
     """
     o = options
     if o.output_format not in FORMATS:
         raise TargetError(f"--format: must be one of {', '.join(FORMATS)}, got {o.output_format!r}")
-    paths = collect_targets(targets, allow_folder=o.allow_folder, folder_filters=o.folder_filters)
+    missing: list[tuple[Path, str]] = []
+    paths = collect_targets(targets, allow_folder=o.allow_folder, folder_filters=o.folder_filters, missing=missing)
     if not paths:
+        if missing:
+            raise TargetError(file_field(missing[0][0], None, missing[0][1]))
         raise TargetError(f"{', '.join(map(str, targets))}: no image files found (filters: {o.folder_filters})")
     if o.save_txt:
         for path in paths:
@@ -56,16 +64,21 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
                 raise TargetError(f"{path}: --save-txt would overwrite the image itself with its tags")
     files = resolve_model_files(project_path, model_path, tags_path)
     tags = load_tags(files.tags)
-    thresholds = threshold_vector(tags, o.threshold, o.thresholds_csv)
+    choice = choose_thresholds(files.model, o.threshold, o.thresholds_csv)
+    thresholds = threshold_vector(tags, choice.default, choice.csv)
+    echo_err(f"Model: {files.model} ({files.kind}); thresholds: {choice.description}")
+    summary = EvaluationSummary(model=files.model)
+    for path, reason in missing:
+        summary.skipped.append((path, reason))
+        echo_err(f"skipped {path}: {reason}")
 
     from deepdanbooru.inference.predict import configure_devices, load_tagger
 
     devices = configure_devices(o.allow_gpu)
     tagger = load_tagger(files, tags, compile_model=o.compile_model)
-    summary = EvaluationSummary(model=files.model)
     if o.verbose:
         echo_err(f"Devices: {', '.join(devices)}")
-        echo_err(f"Model: {files.model} (input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags})")
+        echo_err(f"Input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags}")
         echo_err(f"Images: {len(paths)}")
 
     def skip(index, reason):
@@ -87,8 +100,9 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
     if o.verbose:
         seconds = time.perf_counter() - started
         rate = summary.tagged / seconds if seconds > 0 else 0.0
-        echo_err(f"Tagged {summary.tagged} images in {seconds:.1f} s ({rate:.1f} images/s); "
+        echo_err(f"Tagged {plural(summary.tagged, 'image')} in {seconds:.1f} s ({rate:.1f} images/s); "
                  f"skipped {len(summary.skipped)}")
     elif summary.skipped:
-        echo_err(f"{len(summary.skipped)} of {len(paths)} images could not be read and were skipped")
+        echo_err(f"{len(summary.skipped)} of {plural(len(paths) + len(missing), 'image')} could not be read and "
+                 f"{'was' if len(summary.skipped) == 1 else 'were'} skipped")
     return summary

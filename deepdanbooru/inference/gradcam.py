@@ -31,6 +31,7 @@ from deepdanbooru.inference.output import print_err
 from deepdanbooru.inference.predict import configure_devices, load_tagger
 from deepdanbooru.inference.targets import collect_targets
 from deepdanbooru.project.tags import load_tags
+from deepdanbooru.wording import plural
 
 _POOLING = (
     keras.layers.AveragePooling2D, keras.layers.MaxPooling2D,
@@ -207,6 +208,6 @@ def grad_cam_command(project_path, target, output=".", threshold=0.5, allow_gpu=
         written = write_explanations(explainer, image, tags, threshold, folder)
         summary.written.extend(written)
         count = len(written) // len(PICTURES)
-        echo(f"{paths[index]}: {count} tags -> {folder}" if count else
+        echo(f"{paths[index]}: {plural(count, 'tag')} -> {folder}" if count else
              f"{paths[index]}: no tag scored {threshold} or more; nothing written")
     return summary

@@ -15,6 +15,10 @@ from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, ProjectConfig,
 from deepdanbooru.project.paths import ProjectPaths
 
 
+# What using a project's model reads of project.json: a bad training setting must not stop evaluate.
+MODEL_KEYS = ("model", "image_width", "image_height", "max_image_pixels")
+
+
 class ModelSourceError(UserError):
     """The options do not say which model to use, or say it twice."""
 
@@ -25,6 +29,7 @@ class ModelFiles:
     tags: Path
     # Set when the model comes from a project: its input size and image limits apply.
     config: ProjectConfig | None = None
+    kind: str = "the given file"  # which model this is, for the first line of the output
 
     @property
     def max_image_pixels(self) -> int:
@@ -32,21 +37,26 @@ class ModelFiles:
 
 
 def project_model(config: ProjectConfig) -> Path:
-    """The project's final export; else the float32 copy of it; else DeepDanbooru's legacy .h5.
+    """The project's final export; else the float32 copy of it; else DeepDanbooru's legacy .h5."""
+    return _project_model(config)[0]
 
-    The float32 copy comes first only when the main export is missing; a
+
+def _project_model(config: ProjectConfig) -> tuple[Path, str]:
+    """(file, what it is). The float32 copy comes first only when the main export is missing; a
     mixed-precision export still answers in float32 (its output layer is float32).
     """
     paths = ProjectPaths(config.project_dir)
     final = paths.final_export(config.model)
-    candidates = [final, ProjectPaths.float32_copy(final), paths.legacy_export(config.model)]
-    for candidate in candidates:
+    candidates = [(final, "the project's final export"),
+                  (ProjectPaths.float32_copy(final), "the float32 copy of the project's final export"),
+                  (paths.legacy_export(config.model), "the project's DeepDanbooru .h5 export")]
+    for candidate, kind in candidates:
         if candidate.is_file():
-            return candidate
+            return candidate, kind
     epochs = sorted(config.project_dir.glob(f"model-{config.model}.e*.keras"), key=lambda p: natural_key(p.name))
     hint = f"; an epoch export exists, use it with --model-path {epochs[-1]}" if epochs else \
         "; train it first with `deepdanbooru train-project`"
-    looked = ", ".join(candidate.name for candidate in candidates)
+    looked = ", ".join(candidate.name for candidate, _ in candidates)
     raise ModelError(file_field(config.project_dir, None, f"no exported model (looked for {looked}){hint}"))
 
 
@@ -54,14 +64,30 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
     """--project-path alone, or --model-path with --tags-path (a project may supply what is missing)."""
     if project_path is None and model_path is None:
         raise ModelSourceError("give --project-path, or --model-path with --tags-path")
-    config = load_config(project_path) if project_path is not None else None
+    config = load_config(project_path, uses=MODEL_KEYS) if project_path is not None else None
     if model_path is not None and tags_path is None and config is None:
         raise ModelSourceError("--model-path needs --tags-path (the tags.txt the model was trained with)")
-    model = Path(model_path) if model_path is not None else project_model(config)
+    if model_path is not None:
+        model, kind = Path(model_path), _given_kind(Path(model_path), config)
+    else:
+        model, kind = _project_model(config)
     tags = Path(tags_path) if tags_path is not None else ProjectPaths(config.project_dir).tags
     if not model.is_file():
         raise ModelError(file_field(model, None, "model file not found"))
-    return ModelFiles(model=model, tags=tags, config=config)
+    return ModelFiles(model=model, tags=tags, config=config, kind=kind)
+
+
+def _given_kind(model: Path, config: ProjectConfig | None) -> str:
+    if config is not None and model.name == ProjectPaths(config.project_dir).best_export(config.model).name:
+        return "the project's best model (--model-path)"
+    return "the file given with --model-path"
+
+
+def thresholds_beside(model: Path) -> Path | None:
+    """The per-tag thresholds CSV training wrote beside an export (a float32 copy shares its export's)."""
+    stem = model.stem.removesuffix(".float32")
+    candidate = model.with_name(f"{stem}.thresholds.csv")
+    return candidate if candidate.is_file() else None
 
 
 def resolve_model_source(project_path=None, model_path=None) -> Path:
@@ -73,4 +99,33 @@ def resolve_model_source(project_path=None, model_path=None) -> Path:
         return model
     if project_path is None:
         raise ModelSourceError("give --project-path or --model-path")
-    return project_model(load_config(project_path))
+    return project_model(load_config(project_path, uses=MODEL_KEYS))
+
+
+DEFAULT_THRESHOLD = 0.5
+
+
+@dataclass(frozen=True)
+class ThresholdChoice:
+    csv: Path | None  # per-tag thresholds, or None
+    default: float  # for every tag the CSV does not list
+    description: str
+
+
+def choose_thresholds(model: Path, threshold: float | None, thresholds_csv=None) -> ThresholdChoice:
+    """--thresholds-csv, else --threshold for every tag, else the CSV beside the model, else 0.5.
+
+    Training calibrates a threshold per tag on the validation split and writes it beside each export;
+    using it unless told otherwise is what a user of the project expects.
+    """
+    default = DEFAULT_THRESHOLD if threshold is None else threshold
+    if thresholds_csv is not None:
+        return ThresholdChoice(Path(thresholds_csv), default,
+                               f"per tag from {thresholds_csv} ({default:g} for tags it does not list)")
+    if threshold is not None:
+        return ThresholdChoice(None, default, f"{default:g} for every tag (--threshold)")
+    beside = thresholds_beside(model)
+    if beside is not None:
+        return ThresholdChoice(beside, default, f"per tag from {beside} ({default:g} for tags it does not list; "
+                                                "--threshold sets one for every tag)")
+    return ThresholdChoice(None, default, f"{default:g} for every tag")

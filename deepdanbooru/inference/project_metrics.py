@@ -92,6 +92,8 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     threshold = config.validation_threshold if threshold is None else float(threshold)
     if not 0.0 <= threshold <= 1.0:
         raise UserError(f"--threshold: must be in [0, 1], got {threshold}")
+    if not as_json:  # first, before the minutes of scoring
+        echo(f"Model: {files.model} ({files.kind})")
 
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
@@ -128,11 +130,10 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
         from deepdanbooru.scoring.metrics import json_ready
 
         echo(json.dumps(json_ready({
-            "model": str(files.model), "split": split, "start_id": start_id, "end_id": end_id,
+            "model": str(files.model), "model_kind": files.kind, "split": split, "start_id": start_id, "end_id": end_id,
             "first_id": ids[0], "last_id": ids[1], "records": len(paths), "skipped": len(summary.skipped),
             "metrics": summary.metrics}), allow_nan=False))
         return summary
-    echo(f"Model: {files.model}")
     echo(f"Records: {len(paths)} ({split} split, ids {ids[0]}..{ids[1]}), {len(summary.skipped)} unreadable skipped")
     scalars = summary.metrics
     names = [name for name in _LEAD if name in scalars] + [name for name in scalars if name not in _LEAD]

@@ -65,11 +65,14 @@ def _raise_walk_error(error: OSError):
     raise TargetError(file_field(error.filename, None, f"cannot list folder: {error.strerror}"))
 
 
-def collect_targets(targets, allow_folder: bool = False, folder_filters: str = DEFAULT_FOLDER_FILTERS) -> list[Path]:
+def collect_targets(targets, allow_folder: bool = False, folder_filters: str = DEFAULT_FOLDER_FILTERS,
+                    missing: list | None = None) -> list[Path]:
     """Files named directly, plus files under folders (recursively) matching a filter.
 
     A file named directly is taken whatever its name; a path reached twice is
-    listed once. The result is in natural order.
+    listed once. The result is in natural order. With a `missing` list, a
+    target that does not exist is appended to it as (path, reason) instead of
+    stopping the whole batch.
     """
     filters = parse_filters(folder_filters)
     found: dict[str, Path] = {}
@@ -83,6 +86,9 @@ def collect_targets(targets, allow_folder: bool = False, folder_filters: str = D
             candidates = _walk(path, filters)
         elif path.exists():
             raise TargetError(file_field(path, None, "is neither a file nor a folder"))
+        elif missing is not None:
+            missing.append((path, "not found"))
+            continue
         else:
             raise TargetError(file_field(path, None, "not found"))
         for candidate in candidates:

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from deepdanbooru.dataset import duplicates, records
+from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, split_stats, trust_warning
 from deepdanbooru.errors import UserError
 from deepdanbooru.formats import stored_extensions
 from deepdanbooru.models import table
@@ -23,9 +24,10 @@ from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.resume import describe_resume_point, resume_point
 from deepdanbooru.project.tags import load_tags, tags_hash
 from deepdanbooru.runstate.lock import owner_is_stale, read_owner
-from deepdanbooru.runstate.state import SCHEDULE_COUNTERS, STATE_FILE, read_state_json
+from deepdanbooru.runstate.state import STATE_FILE, read_state_json
 
 SHOWN_PROBLEMS = 3  # a FAIL line names this many bad rows, then counts the rest
 
@@ -265,6 +267,28 @@ def check_labels(run: Run):
     return PASS, detail
 
 
+def check_split(run: Run):
+    """What train-project warns about at its start: a split that cannot measure the model."""
+    config = run.need("config")
+    tags = run.need("tags")
+    connection = run.need("connection")
+    if not run.eligible:
+        raise _Skip("no eligible posts")
+    sql, _ = records.eligible_query(config.image_extensions)
+    sql = sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT id, tag_string").replace(" ORDER BY id", "")
+    rows = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count))
+    split_keys = records.split_keys(connection, config.database_path)  # posts.split_id, where set
+    fraction, seed = config.validation_fraction, config.seed
+    stats = split_stats(((duplicates.in_validation(split_keys.get(row_id, row_id), fraction, seed), tag_string or "")
+                         for row_id, tag_string in rows if isinstance(row_id, int)), tags)
+    warning = trust_warning(stats, config.validation_fraction, config.config_path)
+    detail = (f"{stats.train_posts:,} training and {stats.validation_posts:,} validation posts "
+              f"(validation_fraction {config.validation_fraction:g})")
+    if warning:
+        return WARN, f"{detail}; {warning}"
+    return PASS, f"{detail}; every tag has {MIN_TRAIN_POSITIVES} or more training positives"
+
+
 def _first(problems: list[str]) -> str:
     shown = "; ".join(problems[:SHOWN_PROBLEMS])
     more = len(problems) - SHOWN_PROBLEMS
@@ -312,10 +336,12 @@ def check_checkpoint(run: Run):
 
 
 def _progress(run: Run, state: dict) -> str:
-    shown = [f"{k} {state[k]}" for k in SCHEDULE_COUNTERS if k in state]
-    text = f" ({', '.join(shown)})" if shown else ""
     epochs = run.config.epoch_count if run.config is not None else state.get("epoch_count")
-    if isinstance(state.get("used_epoch"), int) and isinstance(epochs, int) and state["used_epoch"] >= epochs:
+    records = state.get("train_records") if isinstance(state.get("train_records"), int) else None
+    described = describe_resume_point(state, records, epochs if isinstance(epochs, int) else None)
+    text = f": {described}" if described else ""
+    done = resume_point(state, records).get("used_epoch")
+    if isinstance(done, int) and isinstance(epochs, int) and done >= epochs:
         text += (f"; all {epochs} epoch(s) are trained, so it only exports the final model again "
                  "(raise epoch_count to train on)")
     return text
@@ -416,6 +442,7 @@ PROJECT_CHECKS = (
     ("images", check_images),
     ("labels", check_labels),
     ("duplicates", check_duplicates),
+    ("split", check_split),
     ("checkpoint", check_checkpoint),
     ("lock", check_lock),
 )

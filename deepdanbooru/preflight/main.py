@@ -73,11 +73,18 @@ def _parse(prog: str, description: str, project_help: str, options, argv):
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("project", help=project_help)
     for option in options:
-        if option.default is None:
+        if option.choices:
+            parser.add_argument(option.flag, dest=option.name, choices=option.choices, default=option.default,
+                                help=f"{option.help} (default {option.default})")
+        elif option.default is None:
             parser.add_argument(option.flag, dest=option.name, action="store_true", help=option.help)
         else:
             parser.add_argument(option.flag, dest=option.name, type=_non_negative, default=option.default,
                                 metavar="N", help=f"{option.help} (default {option.default})")
+        if option.alias:
+            spelling, value = option.alias
+            parser.add_argument(spelling, dest=option.name, action="store_const", const=value,
+                                help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)  # exits 2 on bad usage
     problem = usage_error(arguments.project)
     if problem:
@@ -93,7 +100,7 @@ def training_preflight_main(argv=None) -> int:
         "project directory (holds project.json and tags.txt)", PREFLIGHT_OPTIONS, argv)
     results = training_preflight(arguments.project, arguments.max_image_checks, arguments.check_packages,
                                  arguments.probe_imports, arguments.probe_tensorflow, arguments.check_duplicates)
-    return report(arguments.project, results, arguments.as_json)
+    return report(arguments.project, results, arguments.output_format == "json")
 
 
 def validate_project_config_main(argv=None) -> int:
@@ -103,7 +110,7 @@ def validate_project_config_main(argv=None) -> int:
         f"{exitcodes.USAGE}: bad usage.",
         "project directory (holds project.json)", VALIDATE_OPTIONS, argv)
     results = validate_project_config(arguments.project, arguments.check_paths)
-    return report(arguments.project, results, arguments.as_json)
+    return report(arguments.project, results, arguments.output_format == "json")
 
 
 def script(main) -> None:

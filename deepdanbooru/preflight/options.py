@@ -13,15 +13,19 @@ class Option:
 
     flag: str
     help: str
-    default: int | None = None  # an option taking N >= 0; None for an on/off flag
+    default: int | str | None = None  # N >= 0, or one of `choices`; None for an on/off flag
     dest: str | None = None  # the parameter name, when it is not the flag's
+    choices: tuple[str, ...] = ()  # a word option takes one of these
+    alias: tuple[str, str] | None = None  # (older flag, the choice it stands for): accepted, not shown
 
     @property
     def name(self) -> str:
         return self.dest or self.flag.lstrip("-").replace("-", "_")
 
 
-JSON_OPTION = Option("--json", "Print one JSON object instead of lines.", dest="as_json")
+# --format is the CLI's name for output formats; --json is the spelling the scripts had first.
+FORMAT_OPTION = Option("--format", "text: one line per check; json: one JSON object.", default="text",
+                       dest="output_format", choices=("text", "json"), alias=("--json", "json"))
 PREFLIGHT_OPTIONS = (
     Option("--max-image-checks", "Check the first N eligible images by id; 0 checks all.",
            default=DEFAULT_MAX_IMAGE_CHECKS),
@@ -30,9 +34,9 @@ PREFLIGHT_OPTIONS = (
     Option("--probe-tensorflow", "Run TensorFlow in a child process: compute on the CPU, decode the sampled images."),
     Option("--check-duplicates", "Read every eligible image: identical files and near-identical pictures (dHash, "
                                  "needs Pillow) on both sides of the validation split."),
-    JSON_OPTION,
+    FORMAT_OPTION,
 )
 VALIDATE_OPTIONS = (
     Option("--check-paths", "Also check tags.txt, the database file and the images folder beside it."),
-    JSON_OPTION,
+    FORMAT_OPTION,
 )

@@ -216,6 +216,11 @@ def _show(value) -> str:
         return repr(value)
 
 
+# difflib ratio from which an unknown key counts as a misspelling of a known one (an error) rather
+# than an unrelated key (a warning): 'minibatch_sise', 'modle', 'learning_rate_' all pass it.
+MISSPELT_CUTOFF = 0.8
+
+
 def _did_you_mean(word: str, options) -> str:
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -437,11 +442,17 @@ class ProjectConfig:
 assert [k.name for k in KEYS] == [f.name for f in fields(ProjectConfig)][1:-1]
 
 
-def parse_config(raw: Any, project_dir: Path, source: Path | None = None) -> ProjectConfig:
-    """Validate a decoded project.json object."""
+def parse_config(raw: Any, project_dir: Path, source: Path | None = None,
+                 uses: tuple[str, ...] | None = None) -> ProjectConfig:
+    """Validate a decoded project.json object.
+
+    uses: the keys the calling command reads (None: all). A bad value of another key is a warning and
+    that key keeps its default, so a command is never refused over a setting it does not use.
+    """
     source = source or project_dir / PROJECT_FILE
     if not isinstance(raw, dict):
         raise ConfigError(file_field(source, None, f"must hold a JSON object, got {type(raw).__name__}"))
+    used = set(KEY_BY_NAME if uses is None else uses)
     values: dict[str, Any] = {}
     for key in KEYS:
         if key.name not in raw:
@@ -450,10 +461,21 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None) -> Pro
         try:
             values[key.name] = key.check(raw[key.name])
         except _Invalid as error:
-            raise ConfigError(file_field(source, key.name, str(error))) from None
-    _check_combinations(raw, values, source)
+            message = file_field(source, key.name, str(error))
+            if key.name in used:
+                raise ConfigError(message) from None
+            warnings.warn(f"{message} (not used by this command; fix it before training)", UserWarning,
+                          stacklevel=2)
+            values[key.name] = key.default
+    _check_combinations(raw, values, source, used)
     unknown = tuple(sorted(name for name in raw if name not in KEY_BY_NAME))
     for name in unknown:
+        close = difflib.get_close_matches(name, list(KEY_BY_NAME), n=1, cutoff=MISSPELT_CUTOFF)
+        if close and close[0] in used:
+            # A misspelt key would silently train on the default for hours: refuse it.
+            raise ConfigError(file_field(source, name, f"unknown key; did you mean {close[0]!r}? "
+                                         f"(as written it would be ignored and {close[0]} would stay "
+                                         f"{_show(values[close[0]])})"))
         warnings.warn(f"{source}: unknown key {name!r} is ignored{_did_you_mean(name, KEY_BY_NAME)}",
                       UserWarning, stacklevel=2)
     values["database_path"] = _project_path(values["database_path"], project_dir)
@@ -467,20 +489,25 @@ def _project_path(value: str | None, project_dir: Path) -> Path | None:
     path = Path(value).expanduser()
     return path if path.is_absolute() else project_dir / path
 
-def _check_combinations(raw: dict, values: dict, source: Path) -> None:
+
+def _check_combinations(raw: dict, values: dict, source: Path, used: set) -> None:
+    # Like a bad value, a combination is refused only by a command that reads the keys involved.
     for name, (owner, settings) in USED_ONLY_WITH.items():
-        if raw.get(name) is not None and values[owner] not in settings:
+        if name in used and raw.get(name) is not None and values[owner] not in settings:
             raise ConfigError(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
                                                        f"{owner} is {_show(values[owner])}; remove it or change "
                                                        f"{owner}"))
-    if values["lr_schedule"] == "warmup_cosine" and values["min_learning_rate"] > values["learning_rate"]:
+    if "min_learning_rate" in used and values["lr_schedule"] == "warmup_cosine" and values["min_learning_rate"] > values["learning_rate"]:
         raise ConfigError(file_field(source, "min_learning_rate", f"must be <= learning_rate "
                                                                   f"({values['learning_rate']}), got "
                                                                   f"{_show(raw['min_learning_rate'])}"))
 
 
-def load_config(project_dir) -> ProjectConfig:
-    """Read PROJECT/project.json into a ProjectConfig, or raise ConfigError naming file and key."""
+def load_config(project_dir, uses: tuple[str, ...] | None = None) -> ProjectConfig:
+    """Read PROJECT/project.json into a ProjectConfig, or raise ConfigError naming file and key.
+
+    uses: the keys the command reads (see parse_config); None checks them all.
+    """
     project_dir = Path(project_dir)
     source = project_dir / PROJECT_FILE
     if not project_dir.is_dir():
@@ -492,18 +519,13 @@ def load_config(project_dir) -> ProjectConfig:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(file_field(source, None, f"cannot be read: {error}")) from None
     try:
-        # DeepDanbooru never wrote NaN/Infinity; JSON does not allow them either.
-        raw = json.loads(text, parse_constant=_reject_constant)
-    except _Invalid as error:
-        raise ConfigError(file_field(source, None, str(error))) from None
+        # NaN and Infinity (not JSON, but Python writes them) are read as numbers, so the key's
+        # check refuses them with the key named.
+        raw = json.loads(text)
     except json.JSONDecodeError as error:
         raise ConfigError(file_field(source, None,
                                      f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}")) from None
-    return parse_config(raw, project_dir, source)
-
-
-def _reject_constant(name):
-    raise _Invalid(f"{name} is not a valid value (numbers must be finite)")
+    return parse_config(raw, project_dir, source, uses)
 
 
 def default_project_json() -> dict[str, Any]:

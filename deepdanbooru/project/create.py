@@ -28,19 +28,20 @@ def recipe_project_json(recipe: str, project_dir: Path) -> dict:
     return data
 
 
-def create_project(project_path, force: bool = False, echo=print, recipe: str = DEFAULT_RECIPE) -> Path:
+def create_project(project_path, overwrite: bool = False, echo=print, recipe: str = DEFAULT_RECIPE) -> Path:
     paths = ProjectPaths(project_path)
     data = recipe_project_json(recipe, paths.root)
     if paths.root.exists() and not paths.root.is_dir():
         raise ConfigError(f"{paths.root}: exists and is not a directory")
-    if paths.config.exists() and not force:
-        raise ConfigError(file_field(paths.config, None, "already exists; use --force to overwrite it"))
+    if paths.config.exists() and not overwrite:
+        raise ConfigError(file_field(paths.config, None, "already exists; use --overwrite to replace it"))
     paths.root.mkdir(parents=True, exist_ok=True)
     write_text_atomic(paths.config, json.dumps(data, indent=4) + "\n")
     echo(f"Created {paths.config}" + ("" if recipe == DEFAULT_RECIPE else f" (recipe {recipe})"))
     echo("Next steps:")
-    echo(f"  1. put your output vocabulary in {paths.tags} (one tag a line)")
-    echo(f"  2. set database_path in {paths.config} to your dataset's SQLite file")
+    echo(f"  1. set database_path in {paths.config} to your dataset's SQLite file "
+         "(a relative path is resolved from the project folder)")
+    echo(f"  2. deepdanbooru make-tags {paths.root}   (or write {paths.tags} yourself, one tag a line)")
     echo(f"  3. deepdanbooru preflight {paths.root}")
     echo(f"  4. deepdanbooru train-project {paths.root}")
     return paths.config

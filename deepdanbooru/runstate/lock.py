@@ -140,7 +140,7 @@ class TrainingLock:
 
     def _try_create(self) -> bool:
         try:
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             return False
         with os.fdopen(descriptor, "w", encoding="utf-8") as stream:

@@ -218,6 +218,8 @@ def _write_database(path: Path, posts: list[Post]) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     if temporary.exists():
         temporary.unlink()
+    # Created by open(), not by SQLite (which uses 0644 whatever the umask allows), so the mode is open()'s.
+    temporary.touch()
     connection = sqlite3.connect(temporary)
     try:
         with connection:

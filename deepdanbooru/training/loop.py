@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from deepdanbooru.errors import ModelError, TrainingError, file_field
+from deepdanbooru.errors import Interrupted, ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
 from deepdanbooru.models.backbone import load_backbone_weights, set_backbone_trainable
 from deepdanbooru.models.head import grow_vocabulary, set_head_bias
@@ -37,6 +37,7 @@ from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt
 from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.pipeline import TrainingInput
+from deepdanbooru.project.resume import describe_resume_point
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, write_state_json
 from deepdanbooru.scoring.split import records_hash
@@ -44,7 +45,7 @@ from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.data import Epoch, slice_input
 from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Progress, RunInfo, StepLog, ValidationReport, format_duration
+from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport, format_duration
 from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
@@ -194,7 +195,10 @@ class SliceTrainer:
             if len(plan.validation) and self.role.is_chief else None
         self.budget = plan.time_budget
         self._last_log = time.monotonic()
-        self._run_start = (time.monotonic(), self._done_records())
+        self._eta = Eta(self.schedule.done_records(self.schedule.epoch_count, 0))
+        # What the latest checkpoint holds, for the interrupt message: (path, counters) or None.
+        self._saved = (self.latest, replace(self.counters)) if self.latest else None
+        self._position = self.counters.offset  # records of the current epoch handed to the model
 
     # --- setting up ---
 
@@ -279,6 +283,8 @@ class SliceTrainer:
     def run(self) -> Counters:
         try:
             return self._run()
+        except KeyboardInterrupt:
+            raise Interrupted(self._interrupt_message()) from None
         finally:
             for monitor in self.monitors:
                 monitor.close()
@@ -335,7 +341,7 @@ class SliceTrainer:
             steps += 1
             c.used_minibatch += 1
             source.observe(self.strategy.experimental_local_results(batch["position"]))
-            position = min(start + steps * self.config.minibatch_size, stop)
+            position = self._position = min(start + steps * self.config.minibatch_size, stop)
             for monitor in self.monitors:
                 monitor.on_step(self._progress(), position)
             if c.used_minibatch % self.config.console_logging_frequency_mb == 0:
@@ -404,6 +410,7 @@ class SliceTrainer:
         c.used_epoch += 1
         c.random_seed += 1
         c.offset = 0
+        self._position = 0
         c.epoch_bad_images = 0
         logs: dict = {}
         for monitor in self.monitors:
@@ -443,6 +450,7 @@ class SliceTrainer:
         self._check_finite()
         self.state.assign(self.counters, self.identity, self.records_hash)
         path = self.manager.save()
+        self._saved = (path, replace(self.counters))
         # Only after TensorFlow has renamed the finished checkpoint into place.
         self._write_mirror(path, complete=False)
         return path
@@ -518,9 +526,7 @@ class SliceTrainer:
         precision = tp / (tp + fp) if tp + fp else 0.0
         recall = tp / (tp + fn) if tp + fn else 0.0
         f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-        run_time, run_done = now - self._run_start[0], self._done_records(position) - self._run_start[1]
-        remaining = self.schedule.done_records(self.schedule.epoch_count, 0) - self._done_records(position)
-        eta = remaining * run_time / run_done if run_done > 0 else None
+        eta = self._eta.update(now, self._done_records(position))
         progress = replace(self._progress(), used_sample=self._samples_trained())
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
                       precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,
@@ -535,6 +541,17 @@ class SliceTrainer:
         last = c.used_minibatch - 1 if self.rates.per_minibatch and c.used_minibatch else c.used_minibatch
         return self.rates.rate(c.used_epoch, last)
 
+    def _interrupt_message(self) -> str:
+        """Where the run stands, what its last checkpoint holds and that the same command resumes."""
+        c, epochs, n = self.counters, self.schedule.epoch_count, self.schedule.train_records
+        stands = (f"stopped in epoch {min(c.used_epoch + 1, epochs)} of {epochs} at record {self._position} of "
+                  f"{n} (step {c.used_minibatch})")
+        if self._saved is None:
+            return f"{stands}; no checkpoint was written yet, so running the same command starts fresh"
+        path, saved = self._saved
+        return (f"{stands}; the last checkpoint {path} holds {describe_resume_point(vars(saved), n, epochs)}; "
+                "running the same command resumes from it")
+
     def _run_info(self) -> RunInfo:
         schedule = self.schedule
         return RunInfo(
@@ -547,6 +564,7 @@ class SliceTrainer:
             validation_fraction=self.config.validation_fraction,
             validation_frequency_slices=schedule.validation_every,
             best_model_metric=self.config.best_model_metric, config_path=self.config.config_path,
+            trust_warning=self.plan.trust_warning if self.role.is_chief else None,
             model=self.model)
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from deepdanbooru.project.resume import describe_resume_point
 from deepdanbooru.training.schedule import validation_trigger
 
 
@@ -46,6 +47,7 @@ class RunInfo:
     validation_frequency_slices: int = 0
     best_model_metric: str = "macro_f1"
     config_path: Path | None = None
+    trust_warning: str | None = None  # dataset.trust's line when the split cannot measure the model
     model: Any = None  # the keras.Model being trained, for monitors that export it; they must not change it
 
 
@@ -155,14 +157,38 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
 
 
+class Eta:
+    """Time left, from this run's own speed measured from its first progress line on.
+
+    The steps before that line carry tracing and compilation, and a resumed run's records trained before
+    the kill are not this run's: neither may enter the speed, or the first ETA is far off.
+    """
+
+    def __init__(self, total_records: int):
+        self.total = total_records
+        self._base: tuple[float, int] | None = None
+
+    def update(self, now: float, done: int) -> float | None:
+        """`done`: records handed to the model over the whole training (all epochs), as of `now`."""
+        if self._base is None:
+            self._base = (now, done)
+            return None
+        start, start_done = self._base
+        if done <= start_done:
+            return None
+        return max(self.total - done, 0) * (now - start) / (done - start_done)
+
+
 class ConsoleMonitor(Monitor):
     """The plain text a user (or a log file) sees."""
 
     def __init__(self, echo=print):
         self.echo = echo
         self._last_validation: ValidationReport | None = None
+        self._trust_warning: str | None = None
 
     def on_train_begin(self, run):
+        self._trust_warning = run.trust_warning
         height, width, _ = run.input_shape
         self.echo(f"Records: {run.train_records} training, {run.validation_records} validation")
         self.echo(validation_plan_line(run))
@@ -176,9 +202,8 @@ class ConsoleMonitor(Monitor):
                   f"{run.epoch_count} epoch(s)")
         start = run.start
         if run.resumed_from:
-            self.echo(f"Resuming from {run.resumed_from}: used_epoch={start.used_epoch} "
-                      f"used_minibatch={start.used_minibatch} used_sample={start.used_sample} "
-                      f"offset={start.offset} random_seed={start.random_seed}")
+            self.echo(f"Resuming from {run.resumed_from}: "
+                      f"{describe_resume_point(asdict(start), run.train_records, run.epoch_count)}")
         else:
             self.echo("Starting fresh (no checkpoint)")
 
@@ -213,6 +238,8 @@ class ConsoleMonitor(Monitor):
         self.echo(f"Exported {path}")
 
     def on_train_end(self, progress):
+        if self._trust_warning:  # train-project printed it at the start too
+            self.echo(f"warning: {self._trust_warning}")
         self.echo(f"Training complete: {progress.used_epoch} epoch(s), {progress.used_minibatch} steps, "
                   f"{progress.used_sample} samples")
         if self._last_validation is not None:

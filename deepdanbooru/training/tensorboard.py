@@ -21,7 +21,9 @@ gives its own, so they read back exactly as tf.summary.scalar's would.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shlex
 from pathlib import Path
 
 import tensorflow as tf
@@ -97,6 +99,14 @@ def purge_events(directory, after_step: int) -> int:
     return removed
 
 
+def tensorboard_command(logs_dir) -> str:
+    """The line to paste; the viewer is an optional extra, so say how to get it when it is missing."""
+    command = f"tensorboard --logdir {shlex.quote(str(logs_dir))}"
+    if importlib.util.find_spec("tensorboard") is None:
+        command += "  (not installed: pip install -e '.[tensorboard]' in the clone, or pip install tensorboard)"
+    return command
+
+
 class TensorBoardMonitor(Monitor):
     def __init__(self, logs_dir, echo=print):
         self.train_dir = Path(logs_dir) / "train"
@@ -106,6 +116,7 @@ class TensorBoardMonitor(Monitor):
         self._writers: dict[Path, tf.summary.SummaryWriter] = {}
 
     def on_train_begin(self, run):
+        self.echo(f"TensorBoard: {tensorboard_command(self.train_dir.parent)}")
         self.after = restored_step(run)
         removed = sum(purge_events(directory, self.after) for directory in (self.train_dir, self.validation_dir)
                       if directory.is_dir())

@@ -7,11 +7,13 @@ imported, so a typo in project.json is reported in a fraction of a second.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from deepdanbooru.dataset.records import Records, load_records
+from deepdanbooru.dataset.trust import split_stats, trust_warning
 from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
@@ -37,6 +39,7 @@ class TrainingPlan:
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
+    trust_warning: str | None = None  # printed at start and end when the split cannot measure the model
     split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
     time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
 
@@ -91,8 +94,11 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
             f"leaves no training records out of {len(records)} eligible; lower it"))
+    stats = split_stats(itertools.chain(((False, t) for t in train.tag_strings),
+                                        ((True, t) for t in validation.tag_strings)), tags)
     return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, force_mixed_precision,
-                        device_choice, role, split_note, budget)
+                        device_choice, role, split_note=split_note, time_budget=budget,
+                        trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
 
 
 def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
@@ -129,6 +135,7 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
                          time_limit_text)
     if plan.split_note:
         echo(plan.split_note)
+    _warn_untrusted(plan, echo)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():
         # TensorFlow's C++ log would interleave our console with noise (a cuInit failure on every CPU-only
@@ -150,4 +157,10 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
             # Before the monitors create their variables: that starts TensorFlow's runtime, after which
             # collectives and logical devices can no longer be configured.
             strategy = choose_strategy(plan.devices, plan.role)
+            # The console repeats the warning at the end, next to the final figures it is about.
             return train(plan, strategy, build_monitors(plan, echo) if monitors is None else monitors, echo)
+
+
+def _warn_untrusted(plan: TrainingPlan, echo) -> None:
+    if plan.trust_warning and plan.role.is_chief:
+        echo(f"warning: {plan.trust_warning}")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.models.losses import project_loss
+from deepdanbooru.project.resume import resume_point
 from deepdanbooru.pipeline import BadImageTracker, inference_dataset
 from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.scoring.metrics import write_metrics_json, write_thresholds_csv
@@ -79,16 +81,13 @@ def sidecar_paths(export_path) -> tuple[Path, Path]:
 
 def report_fields(report: ValidationReport) -> dict:
     """Where the figures come from: counters of the weights measured, and the split."""
-    p = report.progress
+    # The last slice of an epoch is validated before used_epoch moves on; resume_point counts it as done,
+    # as state.json and preflight do.
+    point = resume_point(asdict(report.progress), report.progress.train_records)
     return {
         "trigger": report.trigger,
-        "used_epoch": p.used_epoch,
-        "used_minibatch": p.used_minibatch,
-        "used_sample": p.used_sample,
-        "offset": p.offset,
-        "random_seed": p.random_seed,
-        # The last slice of an epoch is validated before used_epoch moves on; count it as completed.
-        "epochs_completed": p.used_epoch + (1 if p.train_records and p.offset >= p.train_records else 0),
+        **point,
+        "epochs_completed": point["used_epoch"],
         "validation_records": report.records,
         "skipped_images": report.skipped,
         "seconds": round(report.seconds, 3),

@@ -241,3 +241,21 @@ def test_defaults_are_deepdanbooru_and_decay_defaults_for_adamw(tmp_path):
         == ("steps", None, "zeros", None, None)
     assert write_config(tmp_path, optimizer="adamw").decay == 0.05
     assert write_config(tmp_path, optimizer="lamb", weight_decay=0).decay == 0.0
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16", "resnet_small"])
+def test_log_prior_is_allowed_exactly_where_the_head_has_a_bias(name):
+    from deepdanbooru.errors import ModelError
+    from deepdanbooru.models import build_model
+    from deepdanbooru.models.table import check_head_bias_init, head_has_bias
+
+    if name == "resnet_small":  # 1x1 convolution without bias: refused, naming the key
+        with pytest.raises(ModelError, match="head_bias_init: log_prior sets the output bias"):
+            check_head_bias_init(name, "log_prior", "project.json")
+        assert not head_has_bias(name)
+        return
+    check_head_bias_init(name, "log_prior", "project.json")
+    model = build_model(name, (32, 32, 3), 3, seed=0)
+    prior = log_odds(np.array([1, 5, 9]), 10)
+    set_head_bias(model, prior)
+    np.testing.assert_array_equal(head_layer(model).bias.numpy(), np.asarray(prior, dtype=np.float32))

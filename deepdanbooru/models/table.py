@@ -100,14 +100,14 @@ def final_feature_size(name: str, height: int, width: int) -> tuple[int, int]:
 
 def head_has_bias(name: str) -> bool:
     """Whether the model's output layer has a bias (head_bias_init log_prior needs one)."""
-    return get_architecture(name).head == "dense"
+    return get_architecture(name).head in ("dense", "pooled")
 
 
 def check_head_bias_init(name: str, head_bias_init: str, source=None) -> None:
     """Refuse log_prior for a model whose head has no bias to set."""
     if head_bias_init == "log_prior" and not head_has_bias(name):
         message = (f"log_prior sets the output bias, but {name}'s head (1x1 convolution) has none; use \"zeros\", "
-                   "or a model whose head has a bias (resnet_152)")
+                   "or a model whose head has a bias (resnet_152, the convnext, efficientnetv2 and vit rows)")
         raise ModelError(file_field(source, "head_bias_init", message) if source else message)
 
 

@@ -51,8 +51,21 @@ def write_scalar(name: str, value: float, step: int) -> None:
 
 
 def event_files(directory) -> list[Path]:
-    """Event files in creation order (their names start with a timestamp)."""
-    return sorted(Path(directory).glob("events.out.tfevents.*"))
+    """Event files in creation order.
+
+    Names are events.out.tfevents.<seconds>.<host>.<pid>.<counter>[.v2]: two files of one second
+    (a resumed run starting quickly) differ only in the counter, which must compare as a number.
+    """
+    def creation(path: Path):
+        stem = path.name[len("events.out.tfevents."):].removesuffix(".v2")
+        seconds, _, rest = stem.partition(".")
+        try:
+            _, pid, counter = rest.rsplit(".", 2)
+            return (int(seconds), int(pid), int(counter), path.name)
+        except ValueError:
+            return (0, 0, 0, path.name)
+
+    return sorted(Path(directory).glob("events.out.tfevents.*"), key=creation)
 
 
 def _records(path: Path) -> list[bytes]:

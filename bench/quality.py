@@ -96,6 +96,9 @@ BASELINES = {"ddb": "deepdanbooru", "resnet": "resnet_small"}
 DEFAULT_RECIPES = ("deepdanbooru", "resnet_small", "modern")
 METRICS = ("macro_f1", "micro_f1", "map")
 LABELS = {"macro_f1": "macro-F1", "micro_f1": "micro-F1", "map": "mAP"}
+# macro-F1 at other thresholds, printed in a second table: a loss that only shifts the scores (ASL) moves
+# macro-F1 at 0.5 without ranking better, and these show it (docs/quality.md). pr_threshold says where P=R is.
+THRESHOLD_METRICS = ("macro_f1_040", "pr_f1", "pr_threshold", "calibrated_macro_f1")
 GRACE_SECONDS = 120  # after SIGINT, or past the limit with --time-limit, before the child is killed
 
 
@@ -215,7 +218,7 @@ def curve(project: Path, started: float, budget: float | None) -> list[dict]:
             continue
         points.append({"minutes": round(seconds / 60, 3), "used_epoch": record["used_epoch"],
                        "used_minibatch": record["used_minibatch"], "used_sample": record["used_sample"],
-                       **{name: record.get(name) for name in (*METRICS, "validation_records")},
+                       **{name: record.get(name) for name in (*METRICS, *THRESHOLD_METRICS, "validation_records")},
                        "seconds": record.get("seconds")})
     return points
 
@@ -234,7 +237,8 @@ def summarise(results: dict[str, dict]) -> dict[str, dict]:
         row = {"model": result["config"]["model"], "epochs": last.get("used_sample", 0) / result["train_records"]
                if result["train_records"] else 0.0, "samples": last.get("used_sample", 0),
                "minutes": last.get("minutes"), "stopped_by": result["run"]["stopped_by"],
-               "validation_share": result["validation_share"], **{m: last.get(m) for m in METRICS}}
+               "validation_share": result["validation_share"],
+               **{m: last.get(m) for m in (*METRICS, *THRESHOLD_METRICS)}}
         table[name] = row
     for row in table.values():
         for tag, baseline in BASELINES.items():
@@ -261,7 +265,20 @@ def markdown(table: dict[str, dict], budget: float) -> str:
         cells = [_cell(row[m], [row[f"{m}_vs_{tag}"] for tag in present]) for m in METRICS]
         lines.append(f"| {name} | {row['model']} | {row['epochs']:.1f} | {row['samples']} | {row['minutes']:.1f} | "
                      + " | ".join(cells) + f" | {row['validation_share']:.0%} |")
+    lines += ["", "macro-F1 at other thresholds (P=R: where macro precision equals macro recall; per-tag: each tag "
+              "at its own best threshold on these posts, so optimistic):", "",
+              "| recipe | at 0.5 | at 0.4 | at P=R (threshold) | per-tag thresholds |", "|---|---|---|---|---|"]
+    for name, row in table.items():
+        pr = _number(row.get("pr_f1"))
+        if row.get("pr_threshold") is not None:
+            pr += f" ({row['pr_threshold']:.3f})"
+        lines.append(f"| {name} | {_number(row['macro_f1'])} | {_number(row.get('macro_f1_040'))} | {pr} | "
+                     f"{_number(row.get('calibrated_macro_f1'))} |")
     return "\n".join(lines) + "\n"
+
+
+def _number(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def plots(results: dict[str, dict], out: Path) -> list[Path]:

@@ -89,6 +89,18 @@ def test_table_gives_ratios_to_both_baselines(quality):
     assert "| 0.3000 |" in quality.markdown(alone, 600)
 
 
+def test_table_gives_macro_f1_at_other_thresholds(quality):
+    """A loss that shifts scores wins at 0.5 and can lose at P=R: the second table shows both."""
+    shifted = _result("resnet_small", 0.35, 0.65, 0.37)
+    shifted["curve"][0].update(macro_f1_040=0.33, pr_f1=0.311, pr_threshold=0.6, calibrated_macro_f1=0.347)
+    old = _result("resnet_small", 0.28, 0.75, 0.373)  # a history from before these figures: n/a
+    table = quality.summarise({"modern": shifted, "resnet_small": old})
+    assert table["modern"]["pr_f1"] == pytest.approx(0.311) and table["resnet_small"]["pr_f1"] is None
+    text = quality.markdown(table, 600)
+    assert "| modern | 0.3500 | 0.3300 | 0.3110 (0.600) | 0.3470 |" in text
+    assert "| resnet_small | 0.2800 | n/a | n/a | n/a |" in text
+
+
 def test_plots_are_pngs_with_a_line_per_series(quality, tmp_path):
     results = {"a": _result("resnet_small", 0.1, 0.4, 0.2), "b": _result("resnet_small", 0.3, 0.6, 0.5)}
     results["a"]["curve"].insert(0, {"minutes": 0.5, "used_sample": 10, "macro_f1": 0.05, "micro_f1": 0.2,

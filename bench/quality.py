@@ -269,16 +269,12 @@ def markdown(table: dict[str, dict], budget: float) -> str:
               "at its own best threshold on these posts, so optimistic):", "",
               "| recipe | at 0.5 | at 0.4 | at P=R (threshold) | per-tag thresholds |", "|---|---|---|---|---|"]
     for name, row in table.items():
-        pr = _number(row.get("pr_f1"))
+        pr = _cell(row.get("pr_f1"), ())
         if row.get("pr_threshold") is not None:
             pr += f" ({row['pr_threshold']:.3f})"
-        lines.append(f"| {name} | {_number(row['macro_f1'])} | {_number(row.get('macro_f1_040'))} | {pr} | "
-                     f"{_number(row.get('calibrated_macro_f1'))} |")
+        lines.append(f"| {name} | {_cell(row['macro_f1'], ())} | {_cell(row.get('macro_f1_040'), ())} | {pr} | "
+                     f"{_cell(row.get('calibrated_macro_f1'), ())} |")
     return "\n".join(lines) + "\n"
-
-
-def _number(value) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
 
 
 def plots(results: dict[str, dict], out: Path) -> list[Path]:

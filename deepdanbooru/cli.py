@@ -363,7 +363,19 @@ def _exit_if_skipped(summary):
 @click.option("--allow-folder", is_flag=True, help="Accept folders as TARGETS and tag the images in them, recursively.")
 @click.option("--folder-filters", default=DEFAULT_FOLDER_FILTERS, show_default=True,
               help="Comma-separated file-name patterns for the images in folders.")
-@click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2').")
+@click.option("--general-threshold", type=click.FloatRange(0.0, 1.0),
+              help="Threshold of the general tags (categories.json beside tags.txt says which).")
+@click.option("--character-threshold", type=click.FloatRange(0.0, 1.0),
+              help="Threshold of the character tags (categories.json beside tags.txt says which).")
+@click.option("--undesired-tags", default="", metavar="TAG,TAG", help="Comma-separated tags never reported.")
+@click.option("--order-by-score", is_flag=True, help="List each image's tags highest score first (not tags.txt order).")
+@click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2'); "
+                                               "an existing caption file needs --overwrite or --append.")
+@click.option("--caption-extension", default=".txt", show_default=True, help="With --save-txt: the caption files' extension.")
+@click.option("--overwrite", is_flag=True, help="With --save-txt: replace caption files already there.")
+@click.option("--append", is_flag=True, help="With --save-txt: add the tags a caption file does not hold yet to it.")
+@click.option("--remove-underscore", is_flag=True,
+              help="With --save-txt: write 'long hair' for long_hair (tags of 3 characters or fewer, such as ^_^, kept).")
 @_ALLOW_GPU
 @click.option("--compile/--no-compile", "compile_model", default=True, show_default=True,
               help="Run the model as a traced TensorFlow graph (--no-compile: eagerly, slower; for debugging).")
@@ -371,16 +383,23 @@ def _exit_if_skipped(summary):
 @_FORMAT
 @_BATCH_SIZE
 def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds_csv, allow_folder,
-             folder_filters, save_txt, allow_gpu, compile_model, verbose, output_format, batch_size):
+             folder_filters, general_threshold, character_threshold, undesired_tags, order_by_score, save_txt,
+             caption_extension, overwrite, append, remove_underscore, allow_gpu, compile_model, verbose,
+             output_format, batch_size):
     """Tag the images TARGETS (files, or folders with --allow-folder).
 
     Images that cannot be read are named on stderr and skipped; the exit code
     is then 1 (0: every image tagged; 2: bad options or input).
     """
+    from deepdanbooru.inference.caption_files import CaptionOptions
     from deepdanbooru.inference.evaluate import TaggingOptions, evaluate as run_evaluate
 
+    caption = CaptionOptions(extension=caption_extension, overwrite=overwrite, append=append,
+                             remove_underscore=remove_underscore)
     options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
-                             folder_filters=folder_filters, save_txt=save_txt, output_format=output_format,
+                             folder_filters=folder_filters, save_txt=save_txt, caption=caption,
+                             general_threshold=general_threshold, character_threshold=character_threshold,
+                             undesired_tags=undesired_tags, order_by_score=order_by_score, output_format=output_format,
                              batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose)
     summary = run_evaluate(targets, options, project_path=project_path, model_path=model_path, tags_path=tags_path,
                            echo=click.echo)

@@ -69,11 +69,19 @@ def main(ctx, debug):
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, type=click.Choice(list(RECIPES)),
               help="deepdanbooru: DeepDanbooru's defaults; modern: the backbone, loss, optimizer, schedule and "
                    "augmentation measured best at equal time (docs/quality.md).")
-def create_project(project_path, overwrite, recipe):
+@click.option("--database", "database", type=click.Path(exists=True, dir_okay=False, path_type=str),
+              help="The dataset's SQLite file: sets database_path, and minimum_tag_count and image_extensions "
+                   "to fit the posts it holds.")
+def create_project(project_path, overwrite, recipe, database):
     """Create PROJECT_PATH with a default project.json (or a recipe's)."""
     from deepdanbooru.project.create import create_project as create
 
-    create(project_path, overwrite=overwrite, echo=click.echo, recipe=recipe)
+    settings, notes = None, ()
+    if database is not None:
+        from deepdanbooru.dataset.fit import fit_to_database
+
+        settings, notes = fit_to_database(database, project_path)
+    create(project_path, overwrite=overwrite, echo=click.echo, recipe=recipe, settings=settings, notes=notes)
 
 
 @main.command("train-project")

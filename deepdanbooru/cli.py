@@ -248,22 +248,26 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
 @_GROUP_DUPLICATES
 @click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
               help="The project the dataset is for: the closing advice gives database_path relative to it.")
-def import_images(src, dataset, link, extensions, group_duplicates, project_path):
+@click.option("--caption-extension", default=".txt", show_default=True,
+              help="The caption files' extension (IMAGE.caption with .caption).")
+def import_images(src, dataset, link, extensions, group_duplicates, project_path, caption_extension):
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
-    A sidecar IMAGE.txt (or IMAGE.ext.txt) holds comma- or space-separated
-    tags; commas take precedence (then line breaks also separate). Tags are
-    lower-cased, inner spaces become underscores and prompt-style \\( \\)
-    escapes are undone. Writes DATASET/dataset.sqlite (new ids after the
-    largest existing one) and DATASET/images/<md5[0:2]>/<md5>.<ext> named by
-    the real MD5 of the bytes, with file_ext from the detected format.
-    Duplicates (same bytes) and images without tags are skipped and counted;
-    unreadable images are reported and skipped.
+    A caption file IMAGE.txt (or IMAGE.ext.txt) holds comma-separated tags
+    (then line breaks also separate), one tag a line, or space-separated tags.
+    Prompt weights such as (masterpiece:1.2) are stripped, tags lower-cased,
+    inner spaces become underscores and prompt-style \\( \\) escapes are
+    undone. Writes DATASET/dataset.sqlite (new ids after the largest existing
+    one) and DATASET/images/<md5[0:2]>/<md5>.<ext> named by the real MD5 of
+    the bytes, with file_ext from the detected format. An image already in
+    DATASET whose caption changed gets the new tags. Duplicates (same bytes)
+    and images without tags are skipped and counted; unreadable images are
+    reported and skipped; a caption that is not UTF-8 stops the import.
     """
     from deepdanbooru.dataset.import_images import import_images as run_import
 
     run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
-               warn=lambda line: click.echo(line, err=True), project=project_path)
+               warn=lambda line: click.echo(line, err=True), project=project_path, caption_ext=caption_extension)
 
 
 @main.command("make-tags")

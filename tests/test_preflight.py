@@ -605,6 +605,28 @@ def test_probe_tensorflow_decodes_the_sampled_images(project):
 
 
 @pytest.mark.slow
+def test_probe_tensorflow_decodes_webp_at_its_header_size(tmp_path):
+    """decode_webp puts a frame axis first; the probe must read frame 0, as training does."""
+    from PIL import Image
+
+    from deepdanbooru.preflight.images import inspect_image
+    from deepdanbooru.preflight.probes import probe_tensorflow
+
+    still = tmp_path / "still.webp"
+    Image.new("RGB", (40, 24), (200, 30, 30)).save(still)
+    alpha = tmp_path / "alpha.webp"
+    Image.new("RGBA", (30, 20), (200, 30, 30, 100)).save(alpha)
+    animated = tmp_path / "animated.webp"
+    frames = [Image.new("RGB", (18, 12), colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    frames[0].save(animated, save_all=True, append_images=frames[1:], duration=100)
+    images = [(index, str(path), inspect_image(path)) for index, path in enumerate((still, alpha, animated), 1)]
+    assert images[2][2].animated
+    results = probe_tensorflow(images)
+    assert statuses(results) == {"tensorflow": "PASS", "tensorflow decode": "PASS"}, results
+    assert detail(results, "tensorflow decode") == "all 3 sampled images decode with tf.io at their header size"
+
+
+@pytest.mark.slow
 def test_probe_imports_reports_each_runtime_package(sample_project):
     results = training_preflight(sample_project, probe_imports=True)
     imports = {r.name: r for r in results if r.name.startswith("import ")}

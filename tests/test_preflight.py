@@ -155,6 +155,26 @@ def test_unknown_key_is_a_warning_and_a_misspelt_one_fails(project):
     assert "modle: unknown key; did you mean 'model'?" in only_failure(training_preflight(project), "config")
 
 
+def test_every_config_error_is_reported_at_once_with_the_right_key(project):
+    edit_config(project, epochs=30, lr=0.01, image_size=64, model="resnet_smal")
+    problems = only_failure(training_preflight(project), "config")
+    source = project / "project.json"
+    assert problems.startswith(f"4 problems: {source}: model: must be one of")
+    assert f"{source}: epochs: unknown key; another tool's name; deepdanbooru's is epoch_count" in problems
+    assert f"{source}: lr: unknown key; another tool's name; deepdanbooru's is learning_rate" in problems
+    assert f"{source}: image_size: unknown key; another tool's name; deepdanbooru's is image_width and " \
+           "image_height" in problems
+
+
+def test_a_tags_txt_line_in_no_post_is_named(project):
+    with open(project / "tags.txt", "a") as stream:
+        stream.write("long_hiar\n")
+    results = training_preflight(project)
+    assert statuses(results)["split"] == "WARN"
+    assert "1 tag of tags.txt occurs in no eligible post: 'long_hiar' (misspelt, or only on posts training does " \
+           "not use?)" in detail(results, "split")
+
+
 @pytest.mark.parametrize("text, message", [
     ("\n  \n", "holds no tags"),
     ("circle\nsquare\ncircle\n", "line 3: duplicate tag 'circle' (first on line 1)"),

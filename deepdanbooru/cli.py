@@ -69,11 +69,19 @@ def main(ctx, debug):
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, type=click.Choice(list(RECIPES)),
               help="deepdanbooru: DeepDanbooru's defaults; modern: the backbone, loss, optimizer, schedule and "
                    "augmentation measured best at equal time (docs/quality.md).")
-def create_project(project_path, overwrite, recipe):
+@click.option("--database", "database", type=click.Path(exists=True, dir_okay=False, path_type=str),
+              help="The dataset's SQLite file: sets database_path, and minimum_tag_count and image_extensions "
+                   "to fit the posts it holds.")
+def create_project(project_path, overwrite, recipe, database):
     """Create PROJECT_PATH with a default project.json (or a recipe's)."""
     from deepdanbooru.project.create import create_project as create
 
-    create(project_path, overwrite=overwrite, echo=click.echo, recipe=recipe)
+    settings, notes = None, ()
+    if database is not None:
+        from deepdanbooru.dataset.fit import fit_to_database
+
+        settings, notes = fit_to_database(database, project_path)
+    create(project_path, overwrite=overwrite, echo=click.echo, recipe=recipe, settings=settings, notes=notes)
 
 
 @main.command("train-project")
@@ -240,22 +248,26 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
 @_GROUP_DUPLICATES
 @click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
               help="The project the dataset is for: the closing advice gives database_path relative to it.")
-def import_images(src, dataset, link, extensions, group_duplicates, project_path):
+@click.option("--caption-extension", default=".txt", show_default=True,
+              help="The caption files' extension (IMAGE.caption with .caption).")
+def import_images(src, dataset, link, extensions, group_duplicates, project_path, caption_extension):
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
-    A sidecar IMAGE.txt (or IMAGE.ext.txt) holds comma- or space-separated
-    tags; commas take precedence (then line breaks also separate). Tags are
-    lower-cased, inner spaces become underscores and prompt-style \\( \\)
-    escapes are undone. Writes DATASET/dataset.sqlite (new ids after the
-    largest existing one) and DATASET/images/<md5[0:2]>/<md5>.<ext> named by
-    the real MD5 of the bytes, with file_ext from the detected format.
-    Duplicates (same bytes) and images without tags are skipped and counted;
-    unreadable images are reported and skipped.
+    A caption file IMAGE.txt (or IMAGE.ext.txt) holds comma-separated tags
+    (then line breaks also separate), one tag a line, or space-separated tags.
+    Prompt weights such as (masterpiece:1.2) are stripped, tags lower-cased,
+    inner spaces become underscores and prompt-style \\( \\) escapes are
+    undone. Writes DATASET/dataset.sqlite (new ids after the largest existing
+    one) and DATASET/images/<md5[0:2]>/<md5>.<ext> named by the real MD5 of
+    the bytes, with file_ext from the detected format. An image already in
+    DATASET whose caption changed gets the new tags. Duplicates (same bytes)
+    and images without tags are skipped and counted; unreadable images are
+    reported and skipped; a caption that is not UTF-8 stops the import.
     """
     from deepdanbooru.dataset.import_images import import_images as run_import
 
     run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
-               warn=lambda line: click.echo(line, err=True), project=project_path)
+               warn=lambda line: click.echo(line, err=True), project=project_path, caption_ext=caption_extension)
 
 
 @main.command("make-tags")
@@ -363,7 +375,19 @@ def _exit_if_skipped(summary):
 @click.option("--allow-folder", is_flag=True, help="Accept folders as TARGETS and tag the images in them, recursively.")
 @click.option("--folder-filters", default=DEFAULT_FOLDER_FILTERS, show_default=True,
               help="Comma-separated file-name patterns for the images in folders.")
-@click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2').")
+@click.option("--general-threshold", type=click.FloatRange(0.0, 1.0),
+              help="Threshold of the general tags (categories.json beside tags.txt says which).")
+@click.option("--character-threshold", type=click.FloatRange(0.0, 1.0),
+              help="Threshold of the character tags (categories.json beside tags.txt says which).")
+@click.option("--undesired-tags", default="", metavar="TAG,TAG", help="Comma-separated tags never reported.")
+@click.option("--order-by-score", is_flag=True, help="List each image's tags highest score first (not tags.txt order).")
+@click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2'); "
+                                               "an existing caption file needs --overwrite or --append.")
+@click.option("--caption-extension", default=".txt", show_default=True, help="With --save-txt: the caption files' extension.")
+@click.option("--overwrite", is_flag=True, help="With --save-txt: replace caption files already there.")
+@click.option("--append", is_flag=True, help="With --save-txt: add the tags a caption file does not hold yet to it.")
+@click.option("--remove-underscore", is_flag=True,
+              help="With --save-txt: write 'long hair' for long_hair (tags of 3 characters or fewer, such as ^_^, kept).")
 @_ALLOW_GPU
 @click.option("--compile/--no-compile", "compile_model", default=True, show_default=True,
               help="Run the model as a traced TensorFlow graph (--no-compile: eagerly, slower; for debugging).")
@@ -371,16 +395,23 @@ def _exit_if_skipped(summary):
 @_FORMAT
 @_BATCH_SIZE
 def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds_csv, allow_folder,
-             folder_filters, save_txt, allow_gpu, compile_model, verbose, output_format, batch_size):
+             folder_filters, general_threshold, character_threshold, undesired_tags, order_by_score, save_txt,
+             caption_extension, overwrite, append, remove_underscore, allow_gpu, compile_model, verbose,
+             output_format, batch_size):
     """Tag the images TARGETS (files, or folders with --allow-folder).
 
     Images that cannot be read are named on stderr and skipped; the exit code
     is then 1 (0: every image tagged; 2: bad options or input).
     """
+    from deepdanbooru.inference.caption_files import CaptionOptions
     from deepdanbooru.inference.evaluate import TaggingOptions, evaluate as run_evaluate
 
+    caption = CaptionOptions(extension=caption_extension, overwrite=overwrite, append=append,
+                             remove_underscore=remove_underscore)
     options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
-                             folder_filters=folder_filters, save_txt=save_txt, output_format=output_format,
+                             folder_filters=folder_filters, save_txt=save_txt, caption=caption,
+                             general_threshold=general_threshold, character_threshold=character_threshold,
+                             undesired_tags=undesired_tags, order_by_score=order_by_score, output_format=output_format,
                              batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose)
     summary = run_evaluate(targets, options, project_path=project_path, model_path=model_path, tags_path=tags_path,
                            echo=click.echo)

@@ -37,12 +37,16 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--save-path", "where the command writes its result (a file, or a folder for grad-cam's pictures)",
          ("--output",), deepdanbooru=True),
     Term("--thresholds-csv", "per-tag thresholds written by training"),
+    Term("--database", "the dataset's SQLite file (project.json's database_path)"),
     Term("--sample-image", "an image to also compare on (repeatable)"),
     # What is written and how.
     Term("--overwrite", "replace files that already exist", ("--force",), deepdanbooru=True),
     Term("--format", "the format of what the command prints or writes (printed results: text, json, csv)",
          ("--json",)),
     Term("--save-txt", "write each image's tags beside it as <image name>.txt", deepdanbooru=True),
+    Term("--caption-extension", "the extension of the caption files beside the images (.txt, .caption)"),
+    Term("--append", "add to the files that already exist, keeping what they hold"),
+    Term("--remove-underscore", "write tags with spaces (long hair), as captions for image generators spell them"),
     Term("--vacuum", "run VACUUM on the database written", deepdanbooru=True),
     Term("--link", "hard-link images instead of copying them"),
     Term("--group-duplicates", "give identical or near-identical pictures one split_id"),
@@ -60,6 +64,10 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--include-paid-tags", "keep tags whose posts only paid accounts can see"),
     # Scoring.
     Term("--threshold", "report a tag when its score is at least this", deepdanbooru=True),
+    Term("--general-threshold", "the threshold of the general tags"),
+    Term("--character-threshold", "the threshold of the character tags"),
+    Term("--undesired-tags", "tags never reported"),
+    Term("--order-by-score", "list tags highest score first"),
     Term("--metrics", "measure the model on the project's labelled records instead of tagging"),
     Term("--batch-size", "images per model call"),
     # Where and how it runs.

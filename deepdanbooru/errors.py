@@ -15,7 +15,14 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """project.json is missing, unreadable or holds an invalid value."""
+    """project.json is missing, unreadable or holds an invalid value.
+
+    problems: each problem's own line, when one message names several (preflight lists them all).
+    """
+
+    def __init__(self, message, problems=()):
+        super().__init__(message)
+        self.problems = tuple(problems) or (message,)
 
 
 class TagsError(UserError):

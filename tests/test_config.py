@@ -160,6 +160,32 @@ def test_misspelt_key_is_an_error_naming_both(tmp_path):
                                  "'minibatch_size'? (as written it would be ignored and minibatch_size would stay 32)")
 
 
+@pytest.mark.parametrize("key, value, meant", [
+    ("epochs", 30, "another tool's name; deepdanbooru's is epoch_count (as written it would be ignored and "
+                   "epoch_count would stay 10)"),
+    ("lr", 0.01, "another tool's name; deepdanbooru's is learning_rate (as written it would be ignored and "
+                 "learning_rate would stay 0.001)"),
+    ("image_size", 448, "another tool's name; deepdanbooru's is image_width and image_height (as written it would "
+                        "be ignored and image_width would stay 299 and image_height would stay 299)"),
+])
+def test_another_tool_s_key_is_an_error_naming_ours(tmp_path, key, value, meant):
+    write(tmp_path, {key: value})
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert str(caught.value) == f"{tmp_path / 'project.json'}: {key}: unknown key; {meant}"
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    write(tmp_path, {"epochs": 30, "learning_rate": -1, "model": "resnet_smal", "asl_clip": 0.1, "notes": "x"})
+    with pytest.warns(UserWarning, match="unknown key 'notes'"), pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    source = tmp_path / "project.json"
+    assert [problem.split(": ")[1] for problem in caught.value.problems] == [
+        "model", "learning_rate", "asl_clip", "epochs"]  # key-table order, then unknown keys
+    assert str(caught.value).startswith(f"4 problems: {source}: model: must be one of")
+    assert "\n" not in str(caught.value)
+
+
 def test_unrelated_unknown_key_only_warns(tmp_path):
     write(tmp_path, {"my_notes": "x"})
     with pytest.warns(UserWarning, match="unknown key 'my_notes' is ignored$"):

@@ -261,6 +261,66 @@ def test_save_txt_joins_tags_with_commas(project, images):
     assert images["yellow"].with_suffix(".txt").read_text() == "red, green"
 
 
+def test_save_txt_never_replaces_a_caption_without_overwrite_or_append(project, images):
+    hand_written = images["yellow"].with_suffix(".txt")
+    hand_written.write_text("my cat, sunny day\n")
+    result = run_cli("evaluate", images["red"], images["yellow"], "--project-path", project, "--save-txt")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {hand_written}: already exists; --overwrite replaces caption files, "
+                             "--append adds the new tags to them\n")
+    assert hand_written.read_text() == "my cat, sunny day\n" and not images["red"].with_suffix(".txt").exists()
+
+    # --append keeps the text and adds only the tags it does not hold, in whatever spelling it holds them.
+    hand_written.write_text("my cat, Red\n")
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--save-txt", "--append")
+    assert result.exit_code == 0, result.output
+    assert hand_written.read_text() == "my cat, Red, green\n"
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--save-txt", "--append")
+    assert hand_written.read_text() == "my cat, Red, green\n"
+
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--save-txt", "--overwrite",
+                     "--caption-extension", "caption")
+    assert result.exit_code == 0 and images["yellow"].with_suffix(".caption").read_text() == "red, green"
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--save-txt", "--overwrite")
+    assert result.exit_code == 0 and hand_written.read_text() == "red, green"
+    result = run_cli("evaluate", images["yellow"], "--project-path", project, "--append")
+    assert result.exit_code == 2 and result.stderr == "error: --append: only used with --save-txt\n"
+
+
+def test_append_to_a_caption_that_is_not_utf8_changes_nothing(project, images):
+    latin1 = images["yellow"].with_suffix(".txt")
+    latin1.write_bytes("café, garçon".encode("latin-1"))
+    result = run_cli("evaluate", images["red"], images["yellow"], "--project-path", project, "--save-txt", "--append")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {latin1}: is not UTF-8 text (byte 0xe9 at offset 3); save it as UTF-8\n")
+    assert latin1.read_bytes() == "café, garçon".encode("latin-1")
+    assert not images["red"].with_suffix(".txt").exists()
+
+
+def test_category_thresholds_undesired_tags_order_and_underscores(project, tmp_path):
+    teal = solid(tmp_path / "teal.png", (0, 153, 255))  # green 0.881, blue 0.99995
+    (project / "tags.txt").write_text("red\nlong_hair\nblue_eyes\n")
+    result = run_cli("evaluate", teal, "--project-path", project, "--character-threshold", "0.9")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: --character-threshold: no tag of the model is known as a character tag"
+                             f": {project / 'categories.json'} is missing (download-tags writes it)\n")
+    (project / "categories.json").write_text(json.dumps([{"name": "General", "start_index": 0},
+                                                         {"name": "Character", "start_index": 2}]))
+    result = run_cli("evaluate", teal, "--project-path", project, "--general-threshold", "0.95",
+                     "--character-threshold", "0.5", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert list(json.loads(result.stdout)["tags"]) == ["blue_eyes"]  # long_hair 0.881 < 0.95
+    assert "thresholds: 0.5 for every tag; general tags: 0.95; character tags: 0.5" in result.stderr
+    result = run_cli("evaluate", teal, "--project-path", project, "--order-by-score", "--save-txt",
+                     "--remove-underscore")
+    assert result.exit_code == 0, result.output
+    assert teal.with_suffix(".txt").read_text() == "blue eyes, long hair"
+    result = run_cli("evaluate", teal, "--project-path", project, "--undesired-tags", "blue eyes, cat",
+                     "--format", "json")
+    assert list(json.loads(result.stdout)["tags"]) == ["long_hair"]
+    assert "note: --undesired-tags: 'cat' is not one of the model's tags" in result.stderr
+
+
 def test_thresholds_csv(project, images, tmp_path):
     thresholds = write_thresholds(tmp_path / "model.thresholds.csv", [("red", 0.95), ("green", 0.5)])
     result = run_cli("evaluate", images["yellow"], "--project-path", project, "--thresholds-csv", thresholds,

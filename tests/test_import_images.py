@@ -51,6 +51,48 @@ def test_parse_sidecar():
     assert parse_sidecar(" \n , ,") == []
 
 
+def test_one_tag_a_line_and_prompt_weights():
+    assert parse_sidecar("long hair\nblue eyes\n\nsmile\n") == ["long_hair", "blue_eyes", "smile"]
+    assert parse_sidecar("(masterpiece:1.2), ((best quality)), [lowres:0.8], (saber \\(fate\\):1.1), 1girl") == [
+        "masterpiece", "best_quality", "lowres", "saber_(fate)", "1girl"]
+    assert parse_sidecar("(masterpiece:1.2) 1girl") == ["masterpiece", "1girl"]
+
+
+def test_caption_extension_and_a_caption_that_is_not_utf8(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "ignored, not a caption")
+    (src / "a.caption").write_text("long hair\nblue eyes\n")
+    result = invoke(src, dataset, "--caption-extension", "caption")
+    assert result.exit_code == 0, result.output
+    assert [post[3] for post in read_posts(dataset / "dataset.sqlite")] == ["long_hair blue_eyes"]
+
+    put(src, "b.png", image_bytes("PNG", color=(5, 5, 5)))
+    (src / "b.caption").write_bytes("café".encode("latin-1"))
+    before = sorted(path.relative_to(dataset) for path in dataset.rglob("*"))
+    result = invoke(src, dataset, "--caption-extension", ".caption")
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {src / 'b.caption'}: is not UTF-8 text (byte 0xe9 at offset 3); save it as UTF-8\n"
+    assert sorted(path.relative_to(dataset) for path in dataset.rglob("*")) == before
+    assert len(read_posts(dataset / "dataset.sqlite")) == 1
+
+
+def test_reimporting_an_edited_caption_updates_the_post(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "cat, rating:explicit")
+    put(src, "b.png", image_bytes("PNG", color=(1, 1, 1)), "dog")
+    assert invoke(src, dataset).exit_code == 0
+    (src / "a.txt").write_text("cat, black cat, sitting")
+    (src / "b.txt").write_text("Dog")
+    result = invoke(src, dataset)
+    assert result.exit_code == 0, result.output
+    posts = read_posts(dataset / "dataset.sqlite")
+    assert [(p[0], p[3], p[4], p[5]) for p in posts] == [(1, "cat black_cat sitting", 3, "e"), (2, "dog", 1, None)]
+    assert f"note: {src / 'a.png'}: already in the dataset as post 1; its caption changed, the post's tags are " \
+           "updated" in result.stderr
+    assert "Updated the tags of 1 image already in the dataset (their captions changed)" in result.stdout
+    assert f"note: {src / 'b.png'}: same bytes as the existing dataset, skipped" in result.stderr
+
+
 def test_imports_layout_md5_formats_and_skips(tmp_path):
     src, dataset = tmp_path / "src", tmp_path / "dataset"
     jpeg = image_bytes("JPEG")
@@ -124,7 +166,8 @@ def test_append_to_deepdanbooru_database_without_optional_columns(tmp_path):
     assert connection.execute("SELECT id, file_ext, tag_string, tag_count_general FROM posts").fetchall() == [
         (1, "gif", "a b", 2)]
     connection.close()
-    assert "1 imported image is not png/jpg" in result.output
+    assert "1 imported image is gif, not png/jpg: add gif to image_extensions (create-project --database sets it)" \
+        in result.output
 
 
 def test_link_makes_hard_links(tmp_path):
@@ -243,25 +286,32 @@ def test_import_then_make_tags_round_trip(tmp_path):
 
 
 def test_next_steps_give_a_database_path_that_works_when_pasted(tmp_path, monkeypatch):
-    """database_path is resolved from the project folder: relative to it with --project-path, else absolute."""
+    """Without a project.json the advice is create-project --database; with one, the database_path to set,
+    relative to the project folder (as project.json resolves it), and the formats image_extensions lacks."""
     from deepdanbooru.project.config import load_config
 
     monkeypatch.chdir(tmp_path)
     put(tmp_path / "src", "a.png", image_bytes("PNG"), "a")
+    put(tmp_path / "src", "b.webp", image_bytes("WEBP", color=(3, 3, 3)), "b")
     (tmp_path / "work" / "project").mkdir(parents=True)
-    result = invoke("src", "mydata", "--project-path", "work/project")
+    result = invoke("src", "my data", "--project-path", "work/project")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    start = lines.index('Next: set "database_path": "../../mydata/dataset.sqlite" in work/project/project.json, '
-                        "then run")
-    assert lines[start + 1:start + 3] == ["  deepdanbooru make-tags work/project",
+    start = lines.index("Next: create the project from the dataset, then run")
+    assert lines[start + 1:start + 4] == ["  deepdanbooru create-project work/project --database 'my data/dataset.sqlite'",
+                                          "  deepdanbooru make-tags work/project",
                                           "  deepdanbooru train-project work/project"]
-    (tmp_path / "work" / "project" / "project.json").write_text('{"database_path": "../../mydata/dataset.sqlite"}')
-    assert load_config(tmp_path / "work" / "project").require_database() .resolve() == \
-        (tmp_path / "mydata" / "dataset.sqlite").resolve()
+    created = CliRunner().invoke(main, ["create-project", "work/project", "--database", "my data/dataset.sqlite"])
+    assert created.exit_code == 0, created.output
+    config = load_config(tmp_path / "work" / "project")
+    assert config.require_database().resolve() == (tmp_path / "my data" / "dataset.sqlite").resolve()
+    assert "webp" in config.image_extensions
 
-    put(tmp_path / "src2", "b.png", image_bytes("PNG", color=(7, 7, 7)), "b")
-    result = invoke("src2", "mydata")
-    assert f'Next: set "database_path": "{(tmp_path / "mydata" / "dataset.sqlite").resolve()}" in your project\'s ' \
-           "project.json, then run" in result.output
-    assert "  deepdanbooru make-tags PROJECT" in result.output
+    put(tmp_path / "src2", "c.gif", image_bytes("GIF", color=(7, 7, 7)), "c")
+    put(tmp_path / "src2", "d.webp", image_bytes("WEBP", color=(8, 8, 8)), "d")
+    result = invoke("src2", "other", "--project-path", "work/project")
+    assert ('Next: set "database_path": "../../other/dataset.sqlite" and image_extensions: '
+            '["png", "jpg", "jpeg", "webp", "gif"] in work/project/project.json, then run') in result.output.splitlines()
+    assert "note: 1 imported image is gif, not png/jpg: add gif to image_extensions in project.json" in result.output
+    result = invoke("src2", "third")
+    assert "  deepdanbooru create-project PROJECT --database third/dataset.sqlite" in result.output.splitlines()

@@ -155,6 +155,26 @@ def test_unknown_key_is_a_warning_and_a_misspelt_one_fails(project):
     assert "modle: unknown key; did you mean 'model'?" in only_failure(training_preflight(project), "config")
 
 
+def test_every_config_error_is_reported_at_once_with_the_right_key(project):
+    edit_config(project, epochs=30, lr=0.01, image_size=64, model="resnet_smal")
+    problems = only_failure(training_preflight(project), "config")
+    source = project / "project.json"
+    assert problems.startswith(f"4 problems: {source}: model: must be one of")
+    assert f"{source}: epochs: unknown key; another tool's name; deepdanbooru's is epoch_count" in problems
+    assert f"{source}: lr: unknown key; another tool's name; deepdanbooru's is learning_rate" in problems
+    assert f"{source}: image_size: unknown key; another tool's name; deepdanbooru's is image_width and " \
+           "image_height" in problems
+
+
+def test_a_tags_txt_line_in_no_post_is_named(project):
+    with open(project / "tags.txt", "a") as stream:
+        stream.write("long_hiar\n")
+    results = training_preflight(project)
+    assert statuses(results)["split"] == "WARN"
+    assert "1 tag of tags.txt occurs in no eligible post: 'long_hiar' (misspelt, or only on posts training does " \
+           "not use?)" in detail(results, "split")
+
+
 @pytest.mark.parametrize("text, message", [
     ("\n  \n", "holds no tags"),
     ("circle\nsquare\ncircle\n", "line 3: duplicate tag 'circle' (first on line 1)"),
@@ -602,6 +622,28 @@ def test_probe_tensorflow_decodes_the_sampled_images(project):
     assert "GPU works" not in detail(results, "tensorflow")
     assert only_failure(results, "tensorflow decode") == (
         f"1 of 8 sampled images do not decode: id 6 {broken}: Invalid PNG data, size {broken.stat().st_size}")
+
+
+@pytest.mark.slow
+def test_probe_tensorflow_decodes_webp_at_its_header_size(tmp_path):
+    """decode_webp puts a frame axis first; the probe must read frame 0, as training does."""
+    from PIL import Image
+
+    from deepdanbooru.preflight.images import inspect_image
+    from deepdanbooru.preflight.probes import probe_tensorflow
+
+    still = tmp_path / "still.webp"
+    Image.new("RGB", (40, 24), (200, 30, 30)).save(still)
+    alpha = tmp_path / "alpha.webp"
+    Image.new("RGBA", (30, 20), (200, 30, 30, 100)).save(alpha)
+    animated = tmp_path / "animated.webp"
+    frames = [Image.new("RGB", (18, 12), colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    frames[0].save(animated, save_all=True, append_images=frames[1:], duration=100)
+    images = [(index, str(path), inspect_image(path)) for index, path in enumerate((still, alpha, animated), 1)]
+    assert images[2][2].animated
+    results = probe_tensorflow(images)
+    assert statuses(results) == {"tensorflow": "PASS", "tensorflow decode": "PASS"}, results
+    assert detail(results, "tensorflow decode") == "all 3 sampled images decode with tf.io at their header size"
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shlex
 import sqlite3
 import warnings
 from dataclasses import dataclass, field
@@ -18,13 +19,14 @@ from pathlib import Path
 
 from PIL import Image
 
+from deepdanbooru.captions import DEFAULT_EXTENSION, caption_extension, read_caption, strip_weight
 from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.fileio import create_beside
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, EXTENSION_BY_PILLOW_NAME, IMAGE_EXTENSIONS
-from deepdanbooru.project.config import KEY_BY_NAME
+from deepdanbooru.project.config import KEY_BY_NAME, PROJECT_FILE
 from deepdanbooru.wording import plural
 
 DATABASE_NAME = "dataset.sqlite"
@@ -46,21 +48,26 @@ class ImportSummary:
     duplicates: list[tuple[Path, str]] = field(default_factory=list)  # (path, what it duplicates)
     unreadable: list[tuple[Path, str]] = field(default_factory=list)
     untagged: list[tuple[Path, str]] = field(default_factory=list)
+    updated: list[tuple[Path, int]] = field(default_factory=list)  # (path, post id) whose caption changed
     few_tags: int = 0
-    wider_formats: int = 0
+    wider_formats: dict[str, int] = field(default_factory=dict)  # file_ext -> images not in the default formats
 
 
 def parse_sidecar(text: str) -> list[str]:
-    """Tags of a captioning/tagging tool's .txt: commas (and then line breaks) separate if present, else whitespace.
+    """Tags of a captioning/tagging tool's caption file.
 
-    Lower-cased, inner spaces become underscores (Danbooru spelling), `\\(`/`\\)`
-    escapes of prompt tools undone, duplicates dropped, first order kept.
+    Commas (and then line breaks) separate if there is a comma; else a file of
+    several lines holds one tag a line; else whitespace separates. Prompt
+    weights (`(masterpiece:1.2)`) are stripped, then tags lower-cased, inner
+    spaces made underscores (Danbooru spelling), `\\(`/`\\)` escapes of prompt
+    tools undone, duplicates dropped, first order kept.
     """
-    text = text.replace("\\(", "(").replace("\\)", ")")
-    parts = re.split(r"[,\r\n]+", text) if "," in text else text.split()
+    lines = [line for line in text.splitlines() if line.strip()]
+    parts = re.split(r"[,\r\n]+", text) if "," in text else lines if len(lines) > 1 else text.split()
     tags: list[str] = []
     seen: set[str] = set()
     for part in parts:
+        part = strip_weight(part.strip()).replace("\\(", "(").replace("\\)", ")")
         tag = "_".join(part.lower().split())
         if tag and tag not in seen:
             seen.add(tag)
@@ -78,8 +85,8 @@ def parse_extensions(text) -> tuple[str, ...]:
     return extensions
 
 
-def find_sidecar(image: Path) -> Path | None:
-    for candidate in (image.with_suffix(".txt"), image.with_name(image.name + ".txt")):
+def find_sidecar(image: Path, extension: str = DEFAULT_EXTENSION) -> Path | None:
+    for candidate in (image.with_suffix(extension), image.with_name(image.name + extension)):
         if candidate.is_file():
             return candidate
     return None
@@ -182,11 +189,11 @@ class _Placer:
 
 
 def _open_existing(database: Path):
-    """Columns to fill, md5s already present and the largest id of an existing dataset database."""
+    """Columns to fill, the md5s already present (-> post id) and the largest id of an existing dataset database."""
     connection = sqlite3.connect(database)
     try:
         present = check_posts_table(connection, database, REQUIRED_COLUMNS)
-        known = {row[0] for row in connection.execute("SELECT md5 FROM posts") if row[0]}
+        known = {md5: post_id for md5, post_id in connection.execute("SELECT md5, id FROM posts") if md5}
         max_id = connection.execute("SELECT MAX(id) FROM posts").fetchone()[0] or 0
         if not isinstance(max_id, int):
             raise DatasetError(file_field(database, "posts", f"largest id {max_id!r} is not an integer"))
@@ -201,8 +208,12 @@ def _open_existing(database: Path):
 
 
 def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSIONS, echo=print,
-                  warn=print, group_duplicates: bool = False, project=None) -> ImportSummary:
+                  warn=print, group_duplicates: bool = False, project=None,
+                  caption_ext: str = DEFAULT_EXTENSION) -> ImportSummary:
     """Import every image under SRC that has tags into DATASET; returns what was done and skipped.
+
+    An image already in DATASET whose caption now holds other tags gets them (its post is updated).
+    A caption file that is not UTF-8 stops the import before anything is written.
 
     group_duplicates (a new dataset only): near-identical pictures share a
     split_id, so they land on one side of the validation split.
@@ -211,6 +222,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     """
     src, dataset = Path(src), Path(dataset)
     extensions = parse_extensions(extensions)
+    caption_ext = caption_extension(caption_ext)
     if not src.is_dir():
         raise DatasetError(file_field(src, None, "source folder not found"))
     if dataset.exists() and not dataset.is_dir():
@@ -228,13 +240,14 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     if existing:
         connection, columns, known, max_id = _open_existing(database)
     else:
-        connection, columns, known, max_id = None, POSTS_COLUMNS, set(), 0
+        connection, columns, known, max_id = None, POSTS_COLUMNS, {}, 0
     summary = ImportSummary(database)
     dataset.mkdir(parents=True, exist_ok=True)
     placer = _Placer(dataset / IMAGES_DIR, link)
     temporary = None
     try:
-        rows = _collect(images, src, known, max_id, placer, summary)
+        rows, updates = _collect(images, src, known, max_id, placer, summary, caption_ext,
+                                 connection.execute if connection is not None else None)
         if not rows and not existing:
             raise DatasetError(file_field(src, None, "no image could be imported "
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
@@ -248,6 +261,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
         marks = ", ".join("?" for _ in columns)
         try:
             connection.executemany(f"INSERT INTO posts ({', '.join(columns)}) VALUES ({marks})", values)
+            _update_posts(connection, columns, updates)
             if group_duplicates:
                 grouped = duplicates.group_duplicates(connection, dataset / IMAGES_DIR)
             connection.commit()
@@ -274,20 +288,35 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     return summary
 
 
-def _collect(images, src, known: set, max_id: int, placer: _Placer, summary: ImportSummary) -> list[dict]:
+def _post_values(tags) -> dict:
+    """The posts columns a caption's tags decide."""
+    general = [tag for tag in tags if not is_system_tag(tag)]
+    rating = next((RATING_LETTERS[tag] for tag in tags if tag in RATING_LETTERS), None)
+    return {"tag_string": " ".join(tags), "tag_count_general": len(general), "rating": rating}
+
+
+def _update_posts(connection, columns, updates: list[tuple[int, dict]]) -> None:
+    """New tags for posts already there; a caption without a rating tag keeps the post's rating."""
+    rating = ", rating = COALESCE(?, rating)" if "rating" in columns else ""
+    for post_id, values in updates:
+        extra = (values["rating"],) if rating else ()
+        connection.execute(f"UPDATE posts SET tag_string = ?, tag_count_general = ?{rating} WHERE id = ?",
+                           (values["tag_string"], values["tag_count_general"], *extra, post_id))
+
+
+def _collect(images, src, known: dict, max_id: int, placer: _Placer, summary: ImportSummary,
+             caption_ext: str = DEFAULT_EXTENSION, query=None) -> tuple[list[dict], list[tuple[int, dict]]]:
+    """(rows to insert, (post id, new values) for known images whose caption changed)."""
     rows = []
+    updates: list[tuple[int, dict]] = []
     first_path: dict[str, Path] = {}
     minimum = KEY_BY_NAME["minimum_tag_count"].default
     for path in images:
-        sidecar = find_sidecar(path)
+        sidecar = find_sidecar(path, caption_ext)
         if sidecar is None:
-            summary.untagged.append((path, "no .txt sidecar"))
+            summary.untagged.append((path, f"no {caption_ext} sidecar"))
             continue
-        try:
-            tags = parse_sidecar(sidecar.read_text(encoding="utf-8-sig"))
-        except (OSError, UnicodeDecodeError) as error:
-            summary.untagged.append((path, f"{sidecar.name} cannot be read: {error}"))
-            continue
+        tags = parse_sidecar(read_caption(sidecar))
         if not tags:
             summary.untagged.append((path, f"{sidecar.name} holds no tags"))
             continue
@@ -297,6 +326,13 @@ def _collect(images, src, known: set, max_id: int, placer: _Placer, summary: Imp
             summary.unreadable.append((path, str(error)))
             continue
         md5 = hashlib.md5(data).hexdigest()
+        if md5 in known and md5 not in first_path and query is not None:
+            stored = query("SELECT tag_string FROM posts WHERE id = ?", (known[md5],)).fetchone()[0] or ""
+            if set(stored.split()) != set(tags):
+                first_path[md5] = path
+                updates.append((known[md5], _post_values(tags)))
+                summary.updated.append((path, known[md5]))
+                continue
         if md5 in known or md5 in first_path:
             where = first_path[md5].relative_to(src).as_posix() if md5 in first_path else "the existing dataset"
             summary.duplicates.append((path, where))
@@ -308,56 +344,85 @@ def _collect(images, src, known: set, max_id: int, placer: _Placer, summary: Imp
             continue
         placer.place(path, data, md5, ext)
         first_path[md5] = path
-        general = [tag for tag in tags if not is_system_tag(tag)]
-        rating = next((RATING_LETTERS[tag] for tag in tags if tag in RATING_LETTERS), None)
+        values = _post_values(tags)
         post_id = max_id + len(rows) + 1
-        rows.append({"id": post_id, "md5": md5, "file_ext": ext, "tag_string": " ".join(tags),
-                     "tag_count_general": len(general), "rating": rating, "score": None, "is_deleted": 0})
-        summary.few_tags += len(general) < minimum
-        summary.wider_formats += ext not in DEEPDANBOORU_EXTENSIONS
+        rows.append({"id": post_id, "md5": md5, "file_ext": ext, **values, "score": None, "is_deleted": 0})
+        summary.few_tags += values["tag_count_general"] < minimum
+        if ext not in DEEPDANBOORU_EXTENSIONS:
+            summary.wider_formats[ext] = summary.wider_formats.get(ext, 0) + 1
     summary.imported = len(rows)
     if rows:
         summary.first_id, summary.last_id = rows[0]["id"], rows[-1]["id"]
-    return rows
+    return rows, updates
 
 
 def _report(summary: ImportSummary, dataset: Path, echo, warn, project=None) -> None:
     for items, line in ((summary.unreadable, "warning: {}: unreadable image skipped: {}"),
                         (summary.untagged, "warning: {}: skipped: {}"),
-                        (summary.duplicates, "note: {}: same bytes as {}, skipped")):
+                        (summary.duplicates, "note: {}: same bytes as {}, skipped"),
+                        (summary.updated, "note: {}: already in the dataset as post {}; its caption changed, "
+                                          "the post's tags are updated")):
         for path, reason in items[:LISTED]:
             warn(line.format(path, reason))
         if len(items) > LISTED:
             warn(f"... and {len(items) - LISTED} more like that")
     ids = f" (ids {summary.first_id}-{summary.last_id})" if summary.imported else ""
     echo(f"Imported {plural(summary.imported, 'image')} into {summary.database}{ids}")
+    if summary.updated:
+        echo(f"Updated the tags of {plural(len(summary.updated), 'image')} already in the dataset "
+             "(their captions changed)")
     echo(f"Skipped: {plural(len(summary.duplicates), 'duplicate')}, {len(summary.unreadable):,} unreadable, "
          f"{len(summary.untagged):,} without tags")
     minimum = KEY_BY_NAME["minimum_tag_count"].default
+    config = _project_config(project)
+    fix = "in project.json" if config is not None else "(create-project --database sets it)"
+    listed = _listed_formats(config) if config is not None else list(DEEPDANBOORU_EXTENSIONS)
+    missing = {ext: count for ext, count in summary.wider_formats.items() if ext not in listed}
     if summary.few_tags:
         echo(f"note: {plural(summary.few_tags, 'imported post')} {'has' if summary.few_tags == 1 else 'have'} "
-             f"fewer than {minimum} tags, the default minimum_tag_count; lower minimum_tag_count in project.json "
+             f"fewer than {minimum} tags, the default minimum_tag_count; lower minimum_tag_count {fix} "
              "to train on them")
-    if summary.wider_formats:
-        echo(f"note: {plural(summary.wider_formats, 'imported image')} "
-             f"{'is' if summary.wider_formats == 1 else 'are'} not png/jpg; add their formats to "
-             "image_extensions in project.json to train on them")
-    for line in next_steps(dataset / DATABASE_NAME, project):
+    if missing:
+        count = sum(missing.values())
+        formats = ", ".join(missing)
+        echo(f"note: {plural(count, 'imported image')} {'is' if count == 1 else 'are'} {formats}, not png/jpg: "
+             f"add {formats} to image_extensions {fix} to train on them")
+    for line in next_steps(dataset / DATABASE_NAME, project, [*listed, *missing] if missing else None):
         echo(line)
 
 
-def next_steps(database: Path, project=None) -> list[str]:
-    """What to paste into project.json and run next.
+def _project_config(project) -> Path | None:
+    """The project's project.json when it exists already."""
+    if project is None:
+        return None
+    config = Path(project) / PROJECT_FILE
+    return config if config.is_file() else None
+
+
+def _listed_formats(config: Path) -> list[str]:
+    """project.json's image_extensions (the default when it cannot be read: the advice is then only a line
+    too many)."""
+    try:
+        listed = json.loads(config.read_text(encoding="utf-8")).get("image_extensions", DEEPDANBOORU_EXTENSIONS)
+        return list(dict.fromkeys(str(ext).lower() for ext in listed))
+    except (AttributeError, OSError, TypeError, ValueError):
+        return list(DEEPDANBOORU_EXTENSIONS)
+
+
+def next_steps(database: Path, project=None, image_extensions=None) -> list[str]:
+    """What to run next: create-project --database when there is no project.json yet, else what to set in it
+    (image_extensions too, when given: the imported formats it lacks).
 
     database_path is resolved against the project folder, not the current one: relative to the
     project when it is known, else absolute.
     """
-    if project is None:
-        value, config, name = str(database.resolve()), "your project's project.json", "PROJECT"
-    else:
-        project = Path(project)
-        value = os.path.relpath(database.resolve(), project.resolve())
-        config, name = str(project / "project.json"), str(project)
-    return [f"Next: set \"database_path\": {json.dumps(value)} in {config}, then run",
-            f"  deepdanbooru make-tags {name}",
-            f"  deepdanbooru train-project {name}"]
+    name = "PROJECT" if project is None else str(project)
+    runs = [f"  deepdanbooru make-tags {name}", f"  deepdanbooru train-project {name}"]
+    config = _project_config(project)
+    if config is None:
+        # create-project --database fills database_path, image_extensions and minimum_tag_count from the posts.
+        return ["Next: create the project from the dataset, then run",
+                f"  deepdanbooru create-project {name} --database {shlex.quote(str(database))}", *runs]
+    value = os.path.relpath(database.resolve(), Path(project).resolve())
+    extensions = f" and image_extensions: {json.dumps(image_extensions)}" if image_extensions else ""
+    return [f"Next: set \"database_path\": {json.dumps(value)}{extensions} in {config}, then run", *runs]

@@ -17,6 +17,7 @@ from deepdanbooru.wording import plural
 
 MIN_VALIDATION_POSTS = 50
 MIN_TRAIN_POSITIVES = 5
+UNUSED_NAMED = 5  # tags named one by one before the rest are only counted
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,12 @@ class SplitStats:
     tags: int
     tags_without_validation_positive: int
     rare_training_tags: int  # tags with fewer than MIN_TRAIN_POSITIVES positives among the training posts
+    unused_tags: tuple[str, ...] = ()  # tags.txt lines that no eligible post holds, in tags.txt order
 
 
 def split_stats(rows: Iterable[tuple[bool, str]], tags) -> SplitStats:
     """rows: (in validation, tag_string) per eligible post, streamed (preflight reads them from SQLite)."""
+    tags = list(tags)
     vocabulary = set(tags)
     counts = {False: Counter(), True: Counter()}
     posts = {False: 0, True: 0}
@@ -43,6 +46,7 @@ def split_stats(rows: Iterable[tuple[bool, str]], tags) -> SplitStats:
         tags=len(vocabulary),
         tags_without_validation_positive=sum(1 for tag in vocabulary if not validation_counts[tag]),
         rare_training_tags=sum(1 for tag in vocabulary if train_counts[tag] < MIN_TRAIN_POSITIVES),
+        unused_tags=tuple(tag for tag in tags if not train_counts[tag] and not validation_counts[tag]),
     )
 
 
@@ -67,6 +71,14 @@ def trust_warning(stats: SplitStats, validation_fraction: float, config_path) ->
                         f"{'has' if stats.rare_training_tags == 1 else 'have'} fewer than {MIN_TRAIN_POSITIVES} "
                         f"positive examples among the {stats.train_posts} training posts and cannot be learnt; "
                         "add posts or drop rare tags from tags.txt (make-tags --minimum-post-count)")
+    if stats.unused_tags:
+        # Usually a typo in a hand-written tags.txt, or a tag only posts under minimum_tag_count hold.
+        named = ", ".join(repr(tag) for tag in stats.unused_tags[:UNUSED_NAMED])
+        more = len(stats.unused_tags) - UNUSED_NAMED
+        verb = "occurs" if len(stats.unused_tags) == 1 else "occur"
+        problems.append(f"{plural(len(stats.unused_tags), 'tag')} of tags.txt {verb} in no eligible post: "
+                        f"{named}{f' and {more} more' if more > 0 else ''} (misspelt, or only on posts training "
+                        "does not use?)")
     if not problems:
         return None
     return "results cannot be trusted: " + "; and ".join(problems)

@@ -2,12 +2,14 @@
 
 Standard library (importable without TensorFlow, checked before it loads):
     targets.collect_targets(targets, allow_folder, folder_filters) -> [Path] in natural order
-    targets.natural_key(text), targets.sidecar_path(image) -> image.txt
+    targets.natural_key(text), targets.sidecar_path(image, extension) -> image.txt
+    caption_files.existing_captions(images, CaptionOptions(...)), caption_files.caption_text(tags, existing)
     model_files.resolve_model_files(project_path, model_path, tags_path) -> ModelFiles(model, tags, config)
     model_files.resolve_model_source(project_path, model_path) -> Path
     names.safe_file_name(name), names.UniqueNames()
 numpy:
-    output.threshold_vector(tags, threshold, thresholds_csv), output.select_tags(tags, scores, thresholds),
+    output.threshold_vector(tags, threshold, thresholds_csv), output.set_category_thresholds(...),
+    output.drop_undesired(vector, tags, undesired), output.select_tags(tags, scores, thresholds, by_score),
     output.make_writer("text" | "json" | "csv", echo)
 TensorFlow:
     predict.configure_devices(allow_gpu), predict.load_tagger(files, tags) -> Tagger

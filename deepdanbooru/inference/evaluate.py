@@ -8,8 +8,11 @@ from pathlib import Path
 
 from deepdanbooru.errors import file_field
 from deepdanbooru.inference.model_files import choose_thresholds, resolve_model_files
-from deepdanbooru.inference.output import FORMATS, caption, make_writer, print_err, select_tags, threshold_vector
+from deepdanbooru.inference.caption_files import CaptionOptions, caption_text, existing_captions
+from deepdanbooru.inference.output import (FORMATS, drop_undesired, make_writer, print_err, select_tags,
+                                           set_category_thresholds, threshold_vector)
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
+from deepdanbooru.project.categories import tag_categories
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.wording import plural
@@ -31,6 +34,11 @@ class TaggingOptions:
     allow_folder: bool = False
     folder_filters: str = DEFAULT_FOLDER_FILTERS
     save_txt: bool = False
+    caption: CaptionOptions = CaptionOptions()  # how --save-txt writes, and what it does to files already there
+    general_threshold: float | None = None  # for tags categories.json calls general; replaces the others
+    character_threshold: float | None = None
+    undesired_tags: str = ""  # comma-separated tags never reported
+    order_by_score: bool = False  # list tags highest score first instead of in tags.txt order
     output_format: str = "text"
     batch_size: int = 32
     allow_gpu: bool = False
@@ -58,15 +66,20 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
         if missing:
             raise TargetError(file_field(missing[0][0], None, missing[0][1]))
         raise TargetError(f"{', '.join(map(str, targets))}: no image files found (filters: {o.folder_filters})")
-    if o.save_txt:
-        for path in paths:
-            if sidecar_path(path) == path:
-                raise TargetError(f"{path}: --save-txt would overwrite the image itself with its tags")
+    captions = o.caption.check(o.save_txt)
+    existing = existing_captions(paths, captions) if o.save_txt else {}
     files = resolve_model_files(project_path, model_path, tags_path)
     tags = load_tags(files.tags)
     choice = choose_thresholds(files.model, o.threshold, o.thresholds_csv)
     thresholds = threshold_vector(tags, choice.default, choice.csv)
-    echo_err(f"Model: {files.model} ({files.kind}); thresholds: {choice.description}")
+    if o.general_threshold is not None or o.character_threshold is not None:
+        set_category_thresholds(thresholds, tag_categories(tags, files.tags.parent), files.tags.parent,
+                                o.general_threshold, o.character_threshold)
+    drop_undesired(thresholds, tags, o.undesired_tags, echo_err)
+    by_category = "".join(f"; {label} tags: {value}" for label, value in (("general", o.general_threshold),
+                                                                            ("character", o.character_threshold))
+                          if value is not None)
+    echo_err(f"Model: {files.model} ({files.kind}); thresholds: {choice.description}{by_category}")
     summary = EvaluationSummary(model=files.model)
     for path, reason in missing:
         summary.skipped.append((path, reason))
@@ -88,12 +101,15 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
     writer = make_writer(o.output_format, echo)
     started = time.perf_counter()
     for index, scores in tagger.predict(paths, o.batch_size, skip):
-        pairs = select_tags(tags, scores, thresholds)
+        pairs = select_tags(tags, scores, thresholds, by_score=o.order_by_score)
         writer.image(paths[index], pairs)
         if o.save_txt:
-            sidecar = sidecar_path(paths[index])
+            sidecar = sidecar_path(paths[index], captions.extension)
+            text = caption_text([tag for tag, _ in pairs], existing.get(sidecar), captions.remove_underscore)
             try:
-                write_text_atomic(sidecar, caption(pairs))
+                write_text_atomic(sidecar, text)
+                if captions.append:
+                    existing[sidecar] = text  # a.png and a.jpg share a.txt
             except OSError as error:
                 raise TargetError(f"{sidecar}: cannot write the tags (--save-txt): {error.strerror or error}") from None
         summary.tagged += 1

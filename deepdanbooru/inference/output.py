@@ -9,10 +9,13 @@ import csv
 import io
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
+from deepdanbooru.captions import tag_key
 from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.project.categories import CATEGORIES_FILE, CHARACTER, GENERAL, LABELS
 from deepdanbooru.scoring.thresholds import read_thresholds_csv
 
 FORMATS = ("text", "json", "csv")
@@ -43,15 +46,45 @@ def threshold_vector(tags, threshold: float, thresholds_csv=None) -> np.ndarray:
     return vector
 
 
-def select_tags(tags, scores, thresholds) -> list[tuple[str, float]]:
-    """(tag, score) for every score >= its threshold, in tags.txt order (as DeepDanbooru lists them)."""
-    chosen = np.flatnonzero(np.asarray(scores) >= thresholds)
+def set_category_thresholds(vector, categories, tags_dir, general=None, character=None) -> None:
+    """--general-threshold / --character-threshold: one threshold for every tag of that category.
+
+    They replace the per-tag CSV's values for those tags too: the user named them for this run.
+    categories: one Danbooru category id (or None) per tag, from categories.json beside tags.txt.
+    """
+    for option, value, category in (("--general-threshold", general, GENERAL),
+                                    ("--character-threshold", character, CHARACTER)):
+        if value is None:
+            continue
+        indices = [index for index, known in enumerate(categories) if known == category]
+        if not indices:
+            source = Path(tags_dir) / CATEGORIES_FILE
+            why = "lists none" if source.is_file() else "is missing (download-tags writes it)"
+            raise ModelError(f"{option}: no tag of the model is known as a {LABELS[category]} tag: {source} {why}")
+        vector[indices] = value
+
+
+def drop_undesired(vector, tags, undesired: str, echo_err=print_err) -> None:
+    """--undesired-tags 'a, b': those tags are never reported, whatever their score or spelling."""
+    wanted = {tag_key(item): item.strip() for item in undesired.split(",") if item.strip()}
+    found = set()
+    for index, tag in enumerate(tags):
+        if tag_key(tag) in wanted:
+            vector[index] = np.inf
+            found.add(tag_key(tag))
+    for key, item in wanted.items():
+        if key not in found:
+            echo_err(f"note: --undesired-tags: {item!r} is not one of the model's tags")
+
+
+def select_tags(tags, scores, thresholds, by_score: bool = False) -> list[tuple[str, float]]:
+    """(tag, score) for every score >= its threshold, in tags.txt order (as DeepDanbooru lists them)
+    or, by_score, highest score first."""
+    scores = np.asarray(scores)
+    chosen = np.flatnonzero(scores >= thresholds)
+    if by_score:
+        chosen = chosen[np.argsort(-scores[chosen], kind="stable")]
     return [(tags[i], float(scores[i])) for i in chosen]
-
-
-def caption(pairs) -> str:
-    """The --save-txt content: 'tag1, tag2', the sidecar format captioning tools read."""
-    return ", ".join(tag for tag, _ in pairs)
 
 
 class TextWriter:

@@ -96,6 +96,6 @@ def collect_targets(targets, allow_folder: bool = False, folder_filters: str = D
     return sorted(found.values(), key=natural_path_key)
 
 
-def sidecar_path(image_path) -> Path:
-    """image.png -> image.txt, the caption file beside the image (DeepDanbooru's --save-txt)."""
-    return Path(image_path).with_suffix(".txt")
+def sidecar_path(image_path, extension: str = ".txt") -> Path:
+    """image.png -> image.txt (or the given extension), the caption file beside the image (DeepDanbooru's --save-txt)."""
+    return Path(image_path).with_suffix(extension)

@@ -164,10 +164,15 @@ decoded = []
 for path, kind, animated in request["images"]:
     try:
         data = tf.io.read_file(path)
-        # WebP through decode_webp, which accepts alpha; animated WebP with channels=4, because
-        # channels=0 on an animated WebP without alpha kills the process (TF 2.21).
+        # WebP as training reads it (pipeline/decode.py): decode_webp returns [frames, height,
+        # width, channels] even for a still picture, and training takes frame 0. An animated WebP
+        # needs channels=4 with the alpha flag (0x10, byte 20) set: channels=0 kills the process
+        # and channels=4 without the flag is refused (TF 2.21).
         if kind == "webp":
-            image = tf.io.decode_webp(data, channels=4 if animated else 0)
+            if animated:
+                raw = data.numpy()
+                data = tf.constant(raw[:20] + bytes([raw[20] | 0x10]) + raw[21:])
+            image = tf.io.decode_webp(data, channels=4 if animated else 0)[0]
         else:
             image = tf.io.decode_image(data, channels=3, expand_animations=False)
         decoded.append([int(image.shape[0]), int(image.shape[1]), ""])

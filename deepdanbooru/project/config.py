@@ -221,6 +221,27 @@ def _show(value) -> str:
 MISSPELT_CUTOFF = 0.8
 
 
+# What other training tools call a setting that project.json spells otherwise. Such a key is not a
+# typo difflib would catch ('epochs' is closest to warmup_epochs), yet just as silently ignored.
+OTHER_TOOLS_KEYS = {
+    "epochs": ("epoch_count",), "num_epochs": ("epoch_count",), "max_epochs": ("epoch_count",),
+    "max_train_epochs": ("epoch_count",),
+    "lr": ("learning_rate",), "base_lr": ("learning_rate",),
+    "batch_size": ("minibatch_size",), "train_batch_size": ("minibatch_size",),
+    "image_size": ("image_width", "image_height"), "img_size": ("image_width", "image_height"),
+    "input_size": ("image_width", "image_height"), "resolution": ("image_width", "image_height"),
+    "arch": ("model",), "architecture": ("model",), "backbone": ("model",),
+    "database": ("database_path",), "db_path": ("database_path",),
+}
+
+
+def _meant_keys(name: str) -> tuple[str, ...]:
+    """The keys an unknown key stands for: another tool's name for them, or a misspelling of one."""
+    if name.lower() in OTHER_TOOLS_KEYS:
+        return OTHER_TOOLS_KEYS[name.lower()]
+    return tuple(difflib.get_close_matches(name, list(KEY_BY_NAME), n=1, cutoff=MISSPELT_CUTOFF))
+
+
 def _did_you_mean(word: str, options) -> str:
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -453,6 +474,8 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None,
     if not isinstance(raw, dict):
         raise ConfigError(file_field(source, None, f"must hold a JSON object, got {type(raw).__name__}"))
     used = set(KEY_BY_NAME if uses is None else uses)
+    # Every problem is collected, so one run names them all instead of one per attempt.
+    problems: list[str] = []
     values: dict[str, Any] = {}
     for key in KEYS:
         if key.name not in raw:
@@ -463,21 +486,28 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None,
         except _Invalid as error:
             message = file_field(source, key.name, str(error))
             if key.name in used:
-                raise ConfigError(message) from None
-            warnings.warn(f"{message} (not used by this command; fix it before training)", UserWarning,
-                          stacklevel=2)
+                problems.append(message)
+            else:
+                warnings.warn(f"{message} (not used by this command; fix it before training)", UserWarning,
+                              stacklevel=2)
             values[key.name] = key.default
-    _check_combinations(raw, values, source, used)
+    problems.extend(_combination_problems(raw, values, source, used))
     unknown = tuple(sorted(name for name in raw if name not in KEY_BY_NAME))
     for name in unknown:
-        close = difflib.get_close_matches(name, list(KEY_BY_NAME), n=1, cutoff=MISSPELT_CUTOFF)
-        if close and close[0] in used:
-            # A misspelt key would silently train on the default for hours: refuse it.
-            raise ConfigError(file_field(source, name, f"unknown key; did you mean {close[0]!r}? "
-                                         f"(as written it would be ignored and {close[0]} would stay "
-                                         f"{_show(values[close[0]])})"))
-        warnings.warn(f"{source}: unknown key {name!r} is ignored{_did_you_mean(name, KEY_BY_NAME)}",
-                      UserWarning, stacklevel=2)
+        meant = _meant_keys(name)
+        if meant and used.intersection(meant):
+            # A misspelt key, or another tool's name for one, would silently train on the default for hours.
+            what = (f"did you mean {meant[0]!r}?" if name.lower() not in OTHER_TOOLS_KEYS else
+                    f"another tool's name; deepdanbooru's is {' and '.join(meant)}")
+            stays = " and ".join(f"{key} would stay {_show(values[key])}" for key in meant)
+            problems.append(file_field(source, name, f"unknown key; {what} (as written it would be ignored and "
+                                                     f"{stays})"))
+            continue
+        hint = f" (did you mean {' and '.join(map(repr, meant))}?)" if meant else _did_you_mean(name, KEY_BY_NAME)
+        warnings.warn(f"{source}: unknown key {name!r} is ignored{hint}", UserWarning, stacklevel=2)
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else
+                          f"{len(problems)} problems: " + "; ".join(problems), problems)
     values["database_path"] = _project_path(values["database_path"], project_dir)
     values["backbone_weights"] = _project_path(values["backbone_weights"], project_dir)
     return ProjectConfig(project_dir=project_dir, unknown_keys=unknown, **values)
@@ -490,17 +520,19 @@ def _project_path(value: str | None, project_dir: Path) -> Path | None:
     return path if path.is_absolute() else project_dir / path
 
 
-def _check_combinations(raw: dict, values: dict, source: Path, used: set) -> None:
+def _combination_problems(raw: dict, values: dict, source: Path, used: set) -> list[str]:
     # Like a bad value, a combination is refused only by a command that reads the keys involved.
+    problems = []
     for name, (owner, settings) in USED_ONLY_WITH.items():
         if name in used and raw.get(name) is not None and values[owner] not in settings:
-            raise ConfigError(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
-                                                       f"{owner} is {_show(values[owner])}; remove it or change "
-                                                       f"{owner}"))
+            problems.append(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
+                                                     f"{owner} is {_show(values[owner])}; remove it or change "
+                                                     f"{owner}"))
     if "min_learning_rate" in used and values["lr_schedule"] == "warmup_cosine" and values["min_learning_rate"] > values["learning_rate"]:
-        raise ConfigError(file_field(source, "min_learning_rate", f"must be <= learning_rate "
-                                                                  f"({values['learning_rate']}), got "
-                                                                  f"{_show(raw['min_learning_rate'])}"))
+        problems.append(file_field(source, "min_learning_rate", f"must be <= learning_rate "
+                                                                f"({values['learning_rate']}), got "
+                                                                f"{_show(raw['min_learning_rate'])}"))
+    return problems
 
 
 def load_config(project_dir, uses: tuple[str, ...] | None = None) -> ProjectConfig:

@@ -13,11 +13,11 @@ from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.recipes import DEFAULT_RECIPE, RECIPES
 
 
-def recipe_project_json(recipe: str, project_dir: Path) -> dict:
-    """The defaults with the recipe's values laid over them, checked like a project.json."""
+def recipe_project_json(recipe: str, project_dir: Path, settings=None) -> dict:
+    """The defaults with the recipe's values, then `settings`, laid over them, checked like a project.json."""
     if recipe not in RECIPES:
         raise ConfigError(f"--recipe: must be one of {', '.join(RECIPES)}, got {recipe!r}")
-    data = {**default_project_json(), **RECIPES[recipe]}
+    data = {**default_project_json(), **RECIPES[recipe], **(settings or {})}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a key this version does not know would be ignored: refuse it
         try:
@@ -28,9 +28,11 @@ def recipe_project_json(recipe: str, project_dir: Path) -> dict:
     return data
 
 
-def create_project(project_path, overwrite: bool = False, echo=print, recipe: str = DEFAULT_RECIPE) -> Path:
+def create_project(project_path, overwrite: bool = False, echo=print, recipe: str = DEFAULT_RECIPE,
+                   settings=None, notes=()) -> Path:
+    """settings: project.json values fitted to a database (dataset.fit), with `notes` saying why."""
     paths = ProjectPaths(project_path)
-    data = recipe_project_json(recipe, paths.root)
+    data = recipe_project_json(recipe, paths.root, settings)
     if paths.root.exists() and not paths.root.is_dir():
         raise ConfigError(f"{paths.root}: exists and is not a directory")
     if paths.config.exists() and not overwrite:
@@ -38,10 +40,16 @@ def create_project(project_path, overwrite: bool = False, echo=print, recipe: st
     paths.root.mkdir(parents=True, exist_ok=True)
     write_text_atomic(paths.config, json.dumps(data, indent=4) + "\n")
     echo(f"Created {paths.config}" + ("" if recipe == DEFAULT_RECIPE else f" (recipe {recipe})"))
+    if settings and "database_path" in settings:
+        echo(f"database_path: {settings['database_path']} (relative to the project folder)")
+    for line in notes:
+        echo(line)
+    steps = [f"deepdanbooru make-tags {paths.root}   (or write {paths.tags} yourself, one tag a line)",
+             f"deepdanbooru preflight {paths.root}", f"deepdanbooru train-project {paths.root}"]
+    if not settings or "database_path" not in settings:
+        steps.insert(0, f"set database_path in {paths.config} to your dataset's SQLite file "
+                        "(a relative path is resolved from the project folder), or create the project with --database")
     echo("Next steps:")
-    echo(f"  1. set database_path in {paths.config} to your dataset's SQLite file "
-         "(a relative path is resolved from the project folder)")
-    echo(f"  2. deepdanbooru make-tags {paths.root}   (or write {paths.tags} yourself, one tag a line)")
-    echo(f"  3. deepdanbooru preflight {paths.root}")
-    echo(f"  4. deepdanbooru train-project {paths.root}")
+    for number, step in enumerate(steps, 1):
+        echo(f"  {number}. {step}")
     return paths.config

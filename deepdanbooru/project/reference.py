@@ -18,11 +18,13 @@ when this file and the code disagree.
 
 Every key is optional. A missing key takes its default, and the defaults of
 the keys marked *ours* keep a DeepDanbooru 1.0 project training exactly as it
-did. An unknown key close to a known one (`minibatch_sise`) is an error naming
+did. An unknown key close to a known one (`minibatch_sise`), or another tool's
+name for one (`epochs`, `lr`, `image_size`, `batch_size`), is an error naming
 both, since training would otherwise run on the default; an unrelated unknown
 key is a warning. A bad value stops every command that uses the key with one
 line naming the file, the key and the value (a command that does not use it,
-such as `make-tags` for `model`, warns and goes on). Integers must be JSON
+such as `make-tags` for `model`, warns and goes on); every such problem of
+the file is named at once (`3 problems: ...; ...; ...`). Integers must be JSON
 integers (`true`, `32.0` and `"32"` are refused); NaN and infinities are
 refused everywhere, naming the key.
 

@@ -1,0 +1,92 @@
+"""evaluate --save-txt: the caption file beside each image, and what happens to one already there.
+
+Standard library only. Every existing caption is looked at before the model
+loads, so a refusal or an unreadable file stops the run before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepdanbooru.captions import DEFAULT_EXTENSION, CaptionError, caption_extension, read_caption, tag_key
+from deepdanbooru.errors import file_field
+from deepdanbooru.inference.targets import sidecar_path
+from deepdanbooru.wording import plural
+
+# Emoticon tags such as ^_^ or o_o keep their underscores (the convention of captioning tools).
+_SHORTEST_SPACED = 4
+
+
+@dataclass(frozen=True)
+class CaptionOptions:
+    extension: str = DEFAULT_EXTENSION
+    overwrite: bool = False  # replace caption files already there
+    append: bool = False  # add the new tags to caption files already there
+    remove_underscore: bool = False  # write 'long hair' for long_hair
+
+    def check(self, save_txt: bool) -> "CaptionOptions":
+        """The options with the extension normalised; refuses those that mean nothing here."""
+        given = [name for name, on in (("--overwrite", self.overwrite), ("--append", self.append),
+                                       ("--remove-underscore", self.remove_underscore),
+                                       ("--caption-extension", self.extension != DEFAULT_EXTENSION)) if on]
+        if given and not save_txt:
+            raise CaptionError(f"{', '.join(given)}: only used with --save-txt")
+        if self.overwrite and self.append:
+            raise CaptionError("--overwrite and --append: give one (replace the caption files, or add to them)")
+        return CaptionOptions(caption_extension(self.extension), self.overwrite, self.append, self.remove_underscore)
+
+
+def existing_captions(images, options: CaptionOptions) -> dict[Path, str]:
+    """The text of each caption file already there that --append will add to ({} without --append).
+
+    Without --overwrite or --append an existing caption, which may be
+    hand-written, is never replaced: the run is refused before it starts.
+    """
+    existing: dict[Path, str] = {}
+    refused = []
+    for image in images:
+        path = sidecar_path(image, options.extension)
+        if path == Path(image):
+            raise CaptionError(f"{image}: --save-txt would overwrite the image itself with its tags")
+        if not path.exists():
+            continue
+        if not path.is_file():
+            raise CaptionError(file_field(path, None, "is in the way of the caption file and is not a file"))
+        if options.append:
+            existing[path] = read_caption(path)
+        elif not options.overwrite:
+            refused.append(path)
+    if refused:
+        more = f" (and {plural(len(refused) - 1, 'other')})" if len(refused) > 1 else ""
+        raise CaptionError(file_field(refused[0], None, f"already exists{more}; --overwrite replaces caption files, "
+                                      "--append adds the new tags to them"))
+    return existing
+
+
+def spell(tag: str, remove_underscore: bool) -> str:
+    return tag.replace("_", " ") if remove_underscore and len(tag) >= _SHORTEST_SPACED else tag
+
+
+def caption_text(tags, existing: str | None = None, remove_underscore: bool = False) -> str:
+    """'tag1, tag2'; appended to `existing` without the tags it already holds (in any spelling).
+
+    A file that lists one tag per line gets the new tags one per line too.
+    """
+    new = [spell(tag, remove_underscore) for tag in tags]
+    if existing is None:
+        return ", ".join(new)
+    body = existing.rstrip()
+    held = {tag_key(part) for part in re.split(r"[,\r\n]+", body)}
+    additions = []
+    for tag in new:
+        if tag_key(tag) not in held:
+            held.add(tag_key(tag))
+            additions.append(tag)
+    if not additions:
+        return existing
+    separator = "\n" if "," not in body and "\n" in body else ", "
+    joined = separator.join(additions)
+    glue = "" if not body else " " if body.endswith(",") else separator
+    return body + glue + joined + existing[len(body):]

@@ -118,9 +118,9 @@ def tiny_model():
 def test_weight_decay_spares_biases_and_norms(name):
     keras.utils.set_random_seed(1)
     model = tiny_model()
-    exempt = {v.path for v in decay_exempt(model)}
+    exempt = {v.path for v in decay_exempt(model, "resnet_small")}
     assert exempt == {"conv/bias", "bn/gamma", "bn/beta", "ln/gamma", "ln/beta", "head/bias"}
-    optimizer = make_optimizer(name, 0.1, weight_decay=0.5, decay_exempt_variables=decay_exempt(model))
+    optimizer = make_optimizer(name, 0.1, weight_decay=0.5, decay_exempt_variables=decay_exempt(model, "resnet_small"))
     before = {v.path: v.numpy().copy() for v in model.trainable_variables}
     # With zero gradients both steps are zero (lamb's trust ratio is 1 then): what moves is the decay alone.
     optimizer.apply_gradients([(tf.zeros_like(v), v) for v in model.trainable_variables])
@@ -147,7 +147,7 @@ def test_optimizer_state_resumes_bit_exactly(name, tmp_path):
     def fresh():
         keras.utils.set_random_seed(3)
         model = tiny_model()
-        optimizer = make_optimizer(name, 0.01, weight_decay=0.1, decay_exempt_variables=decay_exempt(model))
+        optimizer = make_optimizer(name, 0.01, weight_decay=0.1, decay_exempt_variables=decay_exempt(model, "resnet_small"))
         optimizer.build(model.trainable_variables)
         return model, optimizer
 

@@ -7,6 +7,7 @@ STANDARD LIBRARY ONLY: preflight and the CLI use `check_model_input` and
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from deepdanbooru.errors import ModelError, file_field
@@ -52,6 +53,60 @@ ARCHITECTURES: dict[str, Architecture] = {
                                      "efficientnetv2", "EfficientNetV2S"),
     # ViT-S/16 (Dosovitskiy et al.; DeiT-S): width 384, 12 blocks, 6 heads, MLP 4x.
     "vit_small_patch16": Architecture((384,), (12,), "pooled", "vit", patch=16, heads=6),
+}
+
+
+@dataclass(frozen=True)
+class ParameterGroups:
+    """What a family declares about its layers, by the names its builder gives them (not by weight shapes).
+
+    Depth, for layer_decay: a model is stem, then `units` (the ViT's blocks, the CNNs' stages, counted by
+    `unit_count`), then top (final norm, top conv) and the head. `units` maps a layer name to its unit:
+    (pattern, offset), the first group of the first matching pattern plus offset. Weight decay: besides
+    every bias and every normalization weight, which no family decays, the layers matching `no_decay`
+    keep all their weights undecayed (ConvNeXt's layer scales, the ViT's position table).
+    """
+
+    stem: str
+    units: tuple[tuple[str, int], ...]
+    top: str | None = None
+    no_decay: str | None = None
+    # "stages": one unit per entry of widths; "blocks": repeats[0] units (the ViT).
+    unit_count: str = "stages"
+
+    def units_of(self, architecture: Architecture) -> int:
+        return architecture.repeats[0] if self.unit_count == "blocks" else len(architecture.widths)
+
+    def unit_of(self, layer_name: str) -> int | None:
+        """The unit of a trunk layer; -1 for the stem, None for top layers and names this family never builds."""
+        if re.search(self.stem, layer_name):
+            return -1
+        for pattern, offset in self.units:
+            match = re.search(pattern, layer_name)
+            if match:
+                return int(match.group(1)) + offset
+        return None
+
+    def is_top(self, layer_name: str) -> bool:
+        return self.top is not None and re.search(self.top, layer_name) is not None
+
+    def decays(self, layer_name: str) -> bool:
+        return self.no_decay is None or re.search(self.no_decay, layer_name) is None
+
+
+PARAMETER_GROUPS: dict[str, ParameterGroups] = {
+    # models.blocks: stem_*, stage{1..}_block{j}_*.
+    "resnet": ParameterGroups(stem=r"^stem_", units=((r"^stage(\d+)_", -1),)),
+    # keras.applications' names behind the model's: *_stem_*, *_stage_{0..}_block_{j}_*, the downsampling
+    # before stage i+1 numbered i, the final layer norm auto-named; layer scales are 1x1 depthwise kernels.
+    "convnext": ParameterGroups(stem=r"_stem_", units=((r"_stage_(\d+)_block_", 0),
+                                                      (r"_downsampling_(?:conv|layernorm)_(\d+)$", 1)),
+                                top=r"_layer_normalization_\d+$", no_decay=r"_layer_scale$"),
+    # keras.applications: stem_*, block{1..}{a..}_*, top_*.
+    "efficientnetv2": ParameterGroups(stem=r"^stem_", units=((r"^block(\d+)[a-z]_", -1),), top=r"^top_"),
+    # models.vit: the patch and position embeddings, vit_block{0..}_*, vit_norm.
+    "vit": ParameterGroups(stem=r"^vit_(?:patch|position)_embedding$", units=((r"^vit_block(\d+)_", 0),),
+                           top=r"^vit_norm$", no_decay=r"^vit_position_embedding$", unit_count="blocks"),
 }
 
 # The EfficientNetV2 stages as keras.applications builds them (width and depth coefficients 1.0 for

@@ -297,8 +297,14 @@ KEYS: tuple[Key, ...] = (
         "loss asymmetric: probability margin subtracted from a negative's score (0: no shifting)", "float",
         "0 to 0.5", spec=False),
     Key("weight_decay", None, _optional_float(minimum=0.0),
-        f"optimizer adamw or lamb: decoupled weight decay (times the learning rate), not applied to biases and "
-        f"normalization parameters; null: {DEFAULT_WEIGHT_DECAY}", "float or null", ">= 0", spec=False),
+        f"optimizer adamw or lamb: decoupled weight decay (times the learning rate), not applied to biases, "
+        f"normalization parameters, layer scales and position tables; null: {DEFAULT_WEIGHT_DECAY}",
+        "float or null", ">= 0", spec=False),
+    Key("layer_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True),
+        "layer-wise learning-rate decay for fine-tuning: with L blocks (vit) or stages (resnet, convnext, "
+        "efficientnetv2), block i from 0 learns at the rate times layer_decay ** (L - i), the stem at "
+        "layer_decay ** (L + 1), the head at the rate itself (null: off)", "float or null", "0 < d <= 1",
+        spec=False),
     Key("lr_schedule", "steps", _choice(LR_SCHEDULES),
         "steps: learning_rate / learning_rates per epoch; warmup_cosine: per minibatch, linear warmup to "
         "learning_rate over warmup_epochs, then cosine down to min_learning_rate at the end of epoch_count",
@@ -386,6 +392,7 @@ class ProjectConfig:
     asl_gamma_pos: float
     asl_clip: float
     weight_decay: float | None
+    layer_decay: float | None
     lr_schedule: str
     warmup_epochs: float
     min_learning_rate: float

@@ -25,6 +25,7 @@ from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.resume import describe_resume_point, resume_point
+from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import load_tags, tags_hash
 from deepdanbooru.runstate.lock import owner_is_stale, read_owner
 from deepdanbooru.runstate.state import STATE_FILE, read_state_json
@@ -274,7 +275,7 @@ def check_split(run: Run):
     rows = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count))
     split_keys = records.split_keys(connection, config.database_path)  # posts.split_id, where set
     fraction, seed = config.validation_fraction, config.seed
-    stats = split_stats(((duplicates.in_validation(split_keys.get(row_id, row_id), fraction, seed), tag_string or "")
+    stats = split_stats(((in_validation(split_keys.get(row_id, row_id), fraction, seed), tag_string or "")
                          for row_id, tag_string in rows if isinstance(row_id, int)), tags)
     warning = trust_warning(stats, config.validation_fraction, config.config_path)
     detail = (f"{stats.train_posts:,} training and {stats.validation_posts:,} validation posts "
@@ -390,7 +391,7 @@ def check_duplicates(run: Run):
         parameters = parameters * 2
     rows = connection.execute(sql, parameters).fetchall()
     split_keys = records.split_keys(connection, config.database_path)
-    side = {row_id: duplicates.in_validation(split_keys.get(row_id, row_id), config.validation_fraction, config.seed)
+    side = {row_id: in_validation(split_keys.get(row_id, row_id), config.validation_fraction, config.seed)
             for row_id, *_ in rows}
     validation_total = sum(side.values()) if run.check_duplicates else None
     images = config.require_database().parent / records.IMAGES_DIR

@@ -13,8 +13,9 @@ from deepdanbooru.models.head import grow_vocabulary, head_layer, set_head_bias
 from deepdanbooru.models.losses import Asymmetric, make_loss, project_loss
 from deepdanbooru.models.optimizers import decay_exempt, make_optimizer
 from deepdanbooru.project.config import load_config
+from deepdanbooru.project.tags import tag_counts
 from deepdanbooru.training.ema import WeightAverage
-from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
+from deepdanbooru.training.priors import log_frequency_weights, log_odds
 from deepdanbooru.training.schedule import LearningRateSchedule
 
 

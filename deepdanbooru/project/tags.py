@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from pathlib import Path
 
 from deepdanbooru.errors import TagsError, file_field
@@ -46,3 +47,18 @@ def load_tags(path) -> list[str]:
 def tags_hash(tags) -> str:
     """SHA-256 of the vocabulary as the model sees it (order matters; blank lines do not)."""
     return hashlib.sha256("\n".join(tags).encode("utf-8")).hexdigest()
+
+
+def count_tags(tag_strings) -> Counter:
+    """Posts each tag occurs in: a tag repeated within one post counts once (tokens split on whitespace,
+    as the label pipeline splits them)."""
+    counts: Counter = Counter()
+    for tag_string in tag_strings:
+        counts.update(set(tag_string.split()))
+    return counts
+
+
+def tag_counts(tag_strings, tags) -> list[int]:
+    """count_tags for each tag of `tags`, in that order."""
+    counts = count_tags(tag_strings)
+    return [counts[tag] for tag in tags]

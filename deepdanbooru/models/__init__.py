@@ -1,4 +1,4 @@
-"""Models: the table (ResNets, ConvNeXt, EfficientNetV2, ViT), its one builder, losses, optimizers, files.
+"""Models: what the registry's rows (ResNets, ConvNeXt, EfficientNetV2, ViT) need, their one builder, losses, optimizers, files.
 
     build_model(name, input_shape, n_tags, seed=0) -> keras.Model
     check_model_input(name, input_shape, source=None)      ModelError before building
@@ -12,8 +12,9 @@
     backbone.build_trunk(name, input_shape) -> keras.Model  the model a trunk weights file is written from
     count_weights(model) -> (trainable, non_trainable)
 
-`table` is standard library only; everything else imports Keras, so the names
-are resolved on first use and `import deepdanbooru.models.table` stays light.
+The models themselves are registered in deepdanbooru.registry. `table` and
+`counts` are standard library only; everything else imports Keras, so the
+names are resolved on first use and `import deepdanbooru.models.table` stays light.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "ARCHITECTURES": "table",
     "check_model_input": "table",
     "model_names": "table",
     "parameter_counts": "table",

@@ -21,7 +21,8 @@ import tensorflow as tf
 from deepdanbooru import compat
 from deepdanbooru.errors import ModelError, file_field
 from deepdanbooru.models.backbone import is_head
-from deepdanbooru.models.table import PARAMETER_GROUPS, get_architecture
+from deepdanbooru.models.table import get_architecture
+from deepdanbooru.registry import FAMILIES
 
 
 def _fusable(grads_and_vars) -> bool:
@@ -110,7 +111,7 @@ _NORMALIZATION = (keras.layers.BatchNormalization, keras.layers.LayerNormalizati
 
 def _groups(name: str):
     architecture = get_architecture(name)
-    return architecture, PARAMETER_GROUPS[architecture.family]
+    return architecture, FAMILIES[architecture.family].groups
 
 
 def _owned_variables(model):
@@ -125,7 +126,7 @@ def decay_exempt(model, name: str) -> list:
 
     Every family: each bias (Keras names every layer's bias, nested ones such as MultiHeadAttention's
     projections' too, "bias") and every weight of a normalization layer. Then the layers the family
-    declares in models.table.PARAMETER_GROUPS `no_decay` (ConvNeXt's layer scales, the ViT's position table).
+    declares in deepdanbooru.registry's FAMILIES `no_decay` (ConvNeXt's layer scales, the ViT's position table).
     """
     _, groups = _groups(name)
     return [variable for layer, variable in _owned_variables(model)
@@ -135,7 +136,7 @@ def decay_exempt(model, name: str) -> list:
 def layer_rate_factors(model, name: str, layer_decay: float | None, source=None) -> tuple:
     """((variable, factor), ...) for layer-wise learning-rate decay (BEiT's and timm's fine-tuning rule).
 
-    With L units (the ViT's blocks, a CNN's stages; models.table.PARAMETER_GROUPS), unit i (from 0) gets
+    With L units (the ViT's blocks, a CNN's stages; deepdanbooru.registry's FAMILIES), unit i (from 0) gets
     layer_decay ** (L - i), the stem (patch and position embeddings) layer_decay ** (L + 1), the top layers
     and the head 1. None: no factors. A layer the family's declaration does not place (a model not built
     by deepdanbooru, such as a DeepDanbooru 1.0 file) is a ModelError naming it.

@@ -15,22 +15,11 @@ from typing import Any, Callable
 
 from deepdanbooru.errors import ConfigError, file_field
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS
+from deepdanbooru.registry import model_names
 
 PROJECT_FILE = "project.json"
 
-MODEL_NAMES = (
-    "resnet_152",
-    "resnet_custom_v1",
-    "resnet_custom_v2",
-    "resnet_custom_v3",
-    "resnet_custom_v4",
-    "resnet_small",
-    "convnext_tiny",
-    "convnext_small",
-    "efficientnetv2_b0",
-    "efficientnetv2_s",
-    "vit_small_patch16",
-)
+MODEL_NAMES = model_names()
 LOSS_NAMES = ("binary_crossentropy", "focal_loss", "asymmetric")
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop", "adamw", "lamb")
 LR_SCHEDULES = ("steps", "warmup_cosine")

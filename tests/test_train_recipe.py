@@ -11,7 +11,7 @@ from deepdanbooru.errors import ModelError
 from deepdanbooru.training.monitors import Monitor
 from deepdanbooru.training.train import plan_training, train_project
 
-# Every recipe key of issue 17 that changes training turns on here (head_bias_init needs a head with a bias:
+# Every recipe key that changes training turns on here (head_bias_init needs a head with a bias:
 # resnet_small has none, so it is refused below and tested on a dense head in test_recipe.py).
 RECIPE = {
     "loss": "asymmetric", "asl_gamma_neg": 3, "asl_gamma_pos": 1, "asl_clip": 0.1,

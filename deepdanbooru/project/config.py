@@ -277,7 +277,7 @@ KEYS: tuple[Key, ...] = (
         ", ".join(BEST_MODEL_METRICS), spec=False),
     Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
         "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
-    # The recipe keys (issue 17). Defaults: DeepDanbooru's recipe, unchanged.
+    # The recipe keys. Defaults: DeepDanbooru's recipe, unchanged.
     Key("asl_gamma_neg", 4.0, _float(0.0), "loss asymmetric: focusing exponent of the negatives", "float", ">= 0",
         spec=False),
     Key("asl_gamma_pos", 0.0, _float(0.0), "loss asymmetric: focusing exponent of the positives", "float", ">= 0",

@@ -1,13 +1,12 @@
 """Parameter groups: what each family exempts from weight decay, and layer_decay's per-variable learning rates."""
 
 import json
-import shutil
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from train_helpers import assert_same_weights, make_project, read_state
+from train_helpers import assert_same_weights, killed_copy, make_project, read_state
 
 from deepdanbooru.errors import ConfigError, ModelError
 from deepdanbooru.models import build_model
@@ -150,13 +149,8 @@ def test_layer_decay_resumes_exactly(tmp_path, sample_dataset):
                              learning_rate=0.01, lr_schedule="warmup_cosine", warmup_epochs=0.5)
     train_project(reference, echo=lambda line: None)
     assert (read_state(reference)["used_epoch"], read_state(reference)["used_minibatch"]) == (2, 12)
-    # Killed after the first slice of epoch 2 (ckpt-4): resume in a copy without the later exports.
-    project = tmp_path / "resumed"
-    shutil.copytree(reference, project)
-    for name in LATER_EXPORTS:
-        (project / name).unlink()
-    (project / "checkpoints" / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-4"\nall_model_checkpoint_paths: "ckpt-4"\n')
+    # Killed after the first slice of epoch 2 (ckpt-4).
+    project = killed_copy(reference, tmp_path / "resumed", "ckpt-4", LATER_EXPORTS)
     train_project(project, echo=lambda line: None)
     for name in LATER_EXPORTS:
         assert_same_weights(reference / name, project / name)

@@ -5,7 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
-from train_helpers import assert_same_weights, make_project, read_state, weights
+from train_helpers import assert_same_weights, killed_copy, make_project, read_state, weights
 
 from deepdanbooru.errors import ModelError
 from deepdanbooru.training.monitors import Monitor
@@ -68,13 +68,8 @@ def test_every_recipe_key_resumes_exactly(recipe_run, tmp_path):
     trained_stem = reader.get_tensor("optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE")
     assert trained_stem.shape == exported[0].shape and not np.array_equal(trained_stem, exported[0])
 
-    # Killed after the first slice of epoch 2: resume from that checkpoint in a copy without the later exports.
-    project = tmp_path / "resumed"
-    shutil.copytree(reference, project)
-    for name in LATER_EXPORTS:
-        (project / name).unlink()
-    (project / "checkpoints" / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-4"\nall_model_checkpoint_paths: "ckpt-4"\n')
+    # Killed after the first slice of epoch 2: resume from that checkpoint.
+    project = killed_copy(reference, tmp_path / "resumed", "ckpt-4", LATER_EXPORTS)
     resumed = []
     rates = Rates()
     train_project(project, echo=resumed.append, monitors=[rates])

@@ -49,16 +49,18 @@ def tags_hash(tags) -> str:
     return hashlib.sha256("\n".join(tags).encode("utf-8")).hexdigest()
 
 
-def count_tags(tag_strings) -> Counter:
+def count_tags(tag_strings, vocabulary: set[str] | None = None, counts: Counter | None = None) -> Counter:
     """Posts each tag occurs in: a tag repeated within one post counts once (tokens split on whitespace,
-    as the label pipeline splits them)."""
-    counts: Counter = Counter()
+    as the label pipeline splits them). With `vocabulary`, only its tags are counted, so memory stays
+    bounded by it over millions of posts; with `counts`, they are added to it."""
+    counts = Counter() if counts is None else counts
     for tag_string in tag_strings:
-        counts.update(set(tag_string.split()))
+        tokens = set(tag_string.split())
+        counts.update(tokens if vocabulary is None else tokens & vocabulary)
     return counts
 
 
 def tag_counts(tag_strings, tags) -> list[int]:
     """count_tags for each tag of `tags`, in that order."""
-    counts = count_tags(tag_strings)
+    counts = count_tags(tag_strings, set(tags))
     return [counts[tag] for tag in tags]

@@ -1,6 +1,7 @@
 """The rooms of docs/architecture.md, read from the source: no import circles, and who may import what."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,12 @@ def test_scoring_does_not_import_dataset():
                                  or ".".join(name.split(".")[1:]) in STANDARD_LIBRARY_MODULES)))
 def test_standard_library_rooms_import_no_tensorflow_keras_or_numpy(name):
     assert not {m for m in _imports(name) if m.split(".")[0] in HEAVY}
+
+
+def test_sql_is_built_from_its_parts_not_edited_as_text():
+    # e.g. sql.replace(" ORDER BY id", ...): a query edited by text silently breaks when its source changes.
+    edited = re.compile(r"""(sql|query)\w*\.replace\(|\.replace\(\s*["'](SELECT|\s*ORDER BY|\s*WHERE)""")
+    found = [f"{path.relative_to(PACKAGE.parent)}:{number}" for path in MODULES.values()
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+             if edited.search(line)]
+    assert found == []

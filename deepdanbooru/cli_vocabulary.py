@@ -2,7 +2,7 @@
 older spellings as hidden aliases; command suggestions.
 
 VOCABULARY is the table docs/cli.md shows (rendered by `python -m
-deepdanbooru.cli_vocabulary > docs/cli.md`) and a test walks every command's
+deepdanbooru.cli_reference > docs/cli.md`) and a test walks every command's
 options against it. An alias is a hidden option (`Alias`) that `VocabularyCommand`
 folds into its canonical parameter after parsing, so the command's function only
 ever sees the canonical name, whatever the version of click.
@@ -254,7 +254,7 @@ def render(group: click.Group) -> str:
         "# Command-line options",
         "",
         "Generated from `deepdanbooru/cli_vocabulary.py` and the commands by",
-        "`python -m deepdanbooru.cli_vocabulary > docs/cli.md`; a test fails when this",
+        "`python -m deepdanbooru.cli_reference > docs/cli.md`; a test fails when this",
         "file and the code disagree.",
         "",
         "One name per concept: DeepDanbooru 1.0's name where it has one, so its",
@@ -279,10 +279,3 @@ def render(group: click.Group) -> str:
               "folder) is the same as `grad-cam PROJECT_PATH TARGET --save-path OUTPUT`.", ""]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    # Run as __main__, this file's classes are not the ones cli.py used: take them from the package.
-    from deepdanbooru import cli_vocabulary
-    from deepdanbooru.cli import main
-
-    print(cli_vocabulary.render(main), end="")

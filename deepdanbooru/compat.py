@@ -14,6 +14,7 @@ import contextlib
 import importlib
 
 import keras
+import tensorflow as tf
 
 from deepdanbooru.errors import DependencyError
 
@@ -74,29 +75,90 @@ def keep_gradients_unreduced(optimizer) -> None:
     optimizer._all_reduce_sum_gradients = _pass_through
 
 
-# --- fused optimizer kernels: the per-variable update and its slot variables ---
+# --- the per-variable update: fused kernels, per-variable learning rates ---
 
 class FusedUpdate:
-    """Mix into a Keras optimizer: Keras hands each replica's (gradient, variable) pairs to
-    `fused_update(distribution, grads_and_vars, learning_rate)`; when that returns False, Keras's own
-    update_step runs instead."""
+    """Mix into a Keras optimizer: each variable's learning rate times its own factor, and a fused kernel.
+
+    `set_rate_factors(pairs)` ((variable, factor) pairs, before the first step; absent variables keep 1):
+    each listed variable's step and decoupled weight decay use learning_rate * factor, as a parameter
+    group's rate does in timm or torch. With none set, Keras's own arithmetic runs untouched.
+    Keras hands each replica's (gradient, variable) pairs to `fused_update(distribution, grads_and_vars,
+    learning_rate)`; when that returns False, Keras's own update_step runs instead.
+    """
 
     def __init__(self, *args, **kwargs):
-        _require(keras.optimizers.Optimizer, "_distributed_tf_update_step", "Optimizer._distributed_tf_update_step")
+        for name in ("_distributed_tf_update_step", "_apply_weight_decay", "_use_weight_decay"):
+            _require(keras.optimizers.Optimizer, name, f"Optimizer.{name}")
         super().__init__(*args, **kwargs)
+        self._rates = _RateFactors(())
 
     def fused_update(self, distribution, grads_and_vars, learning_rate) -> bool:
-        raise NotImplementedError
+        return False
+
+    def set_rate_factors(self, pairs) -> None:
+        self._rates = _RateFactors(pairs)
+
+    @property
+    def rate_factors(self) -> tuple:
+        return self._rates.pairs
+
+    def rate_for(self, variable, learning_rate):
+        """learning_rate times `variable`'s factor; exactly `learning_rate` (no op added) at factor 1."""
+        rates = self._rates
+        if not rates.pairs:
+            return learning_rate
+        if rates.by_index is None:  # the optimizer's indices exist once it is built
+            rates.by_index = {variable_index(self, var): factor for var, factor in rates.pairs}
+        factor = rates.by_index.get(variable_index(self, variable), 1.0)
+        return learning_rate if factor == 1.0 else learning_rate * factor
+
+    def update_step(self, gradient, variable, learning_rate):
+        # Every Keras update_step is linear in its learning_rate, weight decay aside (handled below).
+        return super().update_step(gradient, variable, self.rate_for(variable, learning_rate))
+
+    def _apply_weight_decay(self, variables):
+        if not self.rate_factors:
+            super()._apply_weight_decay(variables)
+        # Otherwise each variable decays at its own rate just before its update (_distributed_tf_update_step).
+
+    def _decay_each(self, distribution, grads_and_vars, learning_rate):
+        """Keras's decoupled decay, var -= var * weight_decay * rate, at each variable's rate."""
+        for _, var in grads_and_vars:
+            if not self._use_weight_decay(var):
+                continue
+            rate = self.rate_for(var, learning_rate)
+
+            def decay(variable, rate=rate):
+                variable.assign_sub(variable * tf.cast(self.weight_decay, variable.dtype)
+                                    * tf.cast(rate, variable.dtype))
+
+            distribution.extended.update(var, decay, group=False)
 
     def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+        if self.rate_factors and self.weight_decay is not None:
+            self._decay_each(distribution, grads_and_vars, learning_rate)
         if not self.fused_update(distribution, grads_and_vars, learning_rate):
             return super()._distributed_tf_update_step(distribution, grads_and_vars, learning_rate)
         return None
 
 
+class _RateFactors:
+    """A plain object, not a list or dict: Keras's attribute tracking would put those in every checkpoint."""
+
+    def __init__(self, pairs):
+        self.pairs = tuple(pairs)
+        self.by_index = None
+
+
+def variable_index(optimizer, variable) -> int:
+    """The optimizer's index of `variable` (a keras.Variable, its tf.Variable, or a replica's copy)."""
+    return _require(optimizer, "_get_variable_index", "Optimizer._get_variable_index")(variable)
+
+
 def slot_variables(optimizer, variable, slot_lists: tuple[str, ...]) -> tuple:
     """The optimizer's slot variables for `variable` (e.g. Adam's "_momentums", "_velocities"), in that order."""
-    index = _require(optimizer, "_get_variable_index", "Optimizer._get_variable_index")(variable)
+    index = variable_index(optimizer, variable)
     return tuple(_require(optimizer, name, f"{type(optimizer).__name__}.{name}")[index].value
                  for name in slot_lists)
 
@@ -125,5 +187,7 @@ PRIVATE_NAMES = (
     ("keras.optimizers.Optimizer", "_all_reduce_sum_gradients"),
     ("keras.optimizers.Optimizer", "_distributed_tf_update_step"),
     ("keras.optimizers.Optimizer", "_get_variable_index"),
+    ("keras.optimizers.Optimizer", "_apply_weight_decay"),
+    ("keras.optimizers.Optimizer", "_use_weight_decay"),
     *(("keras.optimizers.Adam (built)", name) for name in ADAM_SLOTS),
 )

@@ -39,11 +39,26 @@ def test_recipes_the_tool_cannot_run_are_refused_before_training(quality, tmp_pa
     assert not list(tmp_path.iterdir())
 
 
-def test_the_modern_entry_is_create_projects_recipe(quality):
-    from deepdanbooru.project.recipes import RECIPES
+# What the bench sets for its own measurement: image size and data, the split, how often it checkpoints,
+# validates, logs and exports. Nothing else may differ from what create-project writes.
+BENCH_SETTINGS = {"image_width", "image_height", "database_path", "minimum_tag_count", "image_extensions",
+                  "validation_fraction", "validation_frequency_slices", "checkpoint_frequency_mb",
+                  "console_logging_frequency_mb", "export_model_per_epoch"}
 
-    modern = quality.RECIPES["modern"]
-    assert {k: v for k, v in modern.items() if k in RECIPES["modern"]} == RECIPES["modern"]
+
+def test_the_bench_trains_what_create_project_recipe_modern_writes(quality, tmp_path):
+    from dataclasses import fields
+
+    from deepdanbooru.project.config import parse_config
+    from deepdanbooru.project.create import create_project
+
+    create_project(tmp_path / "created", recipe="modern", echo=lambda *_: None)
+    created = parse_config(json.loads((tmp_path / "created" / "project.json").read_text()), tmp_path)
+    measured = parse_config(quality.project_json(quality.RECIPES["modern"], 64), tmp_path)
+    differing = {f.name for f in fields(created) if getattr(created, f.name) != getattr(measured, f.name)}
+    assert differing - BENCH_SETTINGS == set()
+    # The training keys themselves came through: the recipe's model, loss and optimizer are not the defaults.
+    assert (measured.model, measured.loss, measured.optimizer) == ("resnet_small", "asymmetric", "adamw")
 
 
 def test_curve_reads_validations_within_the_budget(quality, tmp_path):

@@ -19,7 +19,7 @@ def commands():
 
 def test_docs_show_the_table_generated_from_the_commands():
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
-    assert text == render(main), "regenerate: python -m deepdanbooru.cli_vocabulary > docs/cli.md"
+    assert text == render(main), "regenerate: python -m deepdanbooru.cli_reference > docs/cli.md"
 
 
 def test_every_option_of_every_command_is_in_the_table():

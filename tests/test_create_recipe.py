@@ -9,12 +9,10 @@ from click.testing import CliRunner
 from deepdanbooru.cli import main
 from deepdanbooru.errors import ConfigError
 from deepdanbooru.project import recipes
-from deepdanbooru.project.config import default_project_json, load_config, \
-    parse_config
+from deepdanbooru.project.config import default_project_json, load_config, parse_config
 from deepdanbooru.project.create import create_project
 
-# The modern recipe needs issue 17's backbones, recipe keys and augmentation keys, which land from three
-# other branches: until all have, it cannot pass; from then on it must (remove this once they are in main).
+
 def test_default_recipe_is_deepdanbooru_defaults(tmp_path):
     assert recipes.DEFAULT_RECIPE == "deepdanbooru" and recipes.RECIPES["deepdanbooru"] == {}
     result = CliRunner().invoke(main, ["create-project", str(tmp_path / "p")])
@@ -57,7 +55,7 @@ def test_cli_offers_the_table_and_refuses_other_names(tmp_path):
 
 
 def test_the_modern_recipe_is_a_valid_project_of_this_version(tmp_path):
-    """Every key of the modern recipe is known and valid (it needs issue 17's backbones and recipe keys)."""
+    """Every key of the modern recipe is known and valid: no unknown-key warning, no refused value."""
     data = {**default_project_json(), **recipes.RECIPES["modern"]}
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -21,3 +21,25 @@ def test_every_command_is_documented():
     docs = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
     missing = [name for name in main.commands if not re.search(rf"\b{re.escape(name)}\b", docs)]
     assert not missing, f"commands without documentation: {missing}"
+
+
+def _texts():
+    for folder in ("deepdanbooru", "docs", "tests", "bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".md") and path.is_file():
+                yield path, path.read_text(encoding="utf-8")
+    yield ROOT / "README.md", (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_no_text_cites_what_the_repository_lacks():
+    # A reader can follow neither an issue number nor a document kept outside the repository.
+    outside = re.compile(r"\bSPEC\b|TF_NOTES|WD_NOTES|DESIGN\.md|\b[Ii]ssue \d+")
+    cited = re.compile(r"\b(?:docs|bench|scripts|tests|deepdanbooru)/[\w./-]+\.(?:md|py)\b")
+    found = []
+    for path, text in _texts():
+        if path.name == "test_docs.py":
+            continue
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in outside.finditer(text)]
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)} (missing)" for m in cited.finditer(text)
+                  if not (ROOT / m.group(0)).exists()]
+    assert found == []

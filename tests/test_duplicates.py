@@ -12,6 +12,7 @@ from deepdanbooru.cli import main
 from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import INSERT_POST, POSTS_SCHEMA
 from deepdanbooru.dataset.records import image_path, load_records
+from deepdanbooru.project.split import in_validation
 
 FRACTION, SEED = 0.5, 0
 
@@ -28,9 +29,9 @@ def noise(seed, size=32):
 
 def other_side(post_id, start):
     """The first id >= start on the other side of the split from post_id."""
-    side = duplicates.in_validation(post_id, FRACTION, SEED)
+    side = in_validation(post_id, FRACTION, SEED)
     candidate = start
-    while duplicates.in_validation(candidate, FRACTION, SEED) == side:
+    while in_validation(candidate, FRACTION, SEED) == side:
         candidate += 1
     return candidate
 
@@ -79,14 +80,15 @@ def preflight_line(project, *extra):
     return checks["duplicates"]
 
 
-def test_split_rule_without_numpy_matches_the_trainer():
+def test_split_rule_on_python_ints_matches_the_vectorised_rule():
+    # One expression serves both; Python ints must be masked to 64 bits where numpy's uint64 wraps.
     from deepdanbooru.scoring.split import validation_mask
 
     ids = [-5, 0, 1, 2, 3, 99, 12345, 2**62, 2**63 - 1]
     for fraction, seed in ((0.1, 0), (0.5, 7), (0.9, 2**40)):
         expected = validation_mask(ids, fraction, seed).tolist()
-        assert [duplicates.in_validation(i, fraction, seed) for i in ids] == expected
-    assert not duplicates.in_validation(5, 0.0, 0)
+        assert [in_validation(i, fraction, seed) for i in ids] == expected
+    assert not in_validation(5, 0.0, 0)
 
 
 def test_dhash_sees_the_same_picture_and_tells_others_apart(tmp_path):

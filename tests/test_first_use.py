@@ -1,4 +1,4 @@
-"""What a first-time user meets in a training run (issue 16): trust warnings, the interrupt message, one
+"""What a first-time user meets in a training run: trust warnings, the interrupt message, one
 reading of the resume counters, file modes, the TensorBoard command.
 
 One tiny project is trained once: interrupted by Ctrl-C right after the last checkpoint of epoch 1 (the

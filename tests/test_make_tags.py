@@ -5,7 +5,8 @@ from collections import Counter
 from click.testing import CliRunner
 
 from deepdanbooru.cli import main
-from deepdanbooru.dataset.build import count_tags, rank_tags
+from deepdanbooru.dataset.build import rank_tags
+from deepdanbooru.project.tags import count_tags
 from deepdanbooru.project.tags import load_tags
 
 

@@ -56,6 +56,20 @@ def test_registries_match_the_names_project_json_accepts():
     assert tuple(OPTIMIZERS) == project_config.OPTIMIZER_NAMES
 
 
+def test_the_registry_is_the_one_place_a_model_is_configured():
+    from deepdanbooru import registry
+
+    for family in registry.FAMILIES.values():
+        for reference in (family.trunk, family.counter, family.finish or family.trunk):
+            assert callable(registry.resolve(reference)), reference
+    assert all(callable(registry.resolve(head.builder)) for head in registry.HEADS.values())
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register_model("resnet_small", widths=(8,), repeats=(1,), head="conv")
+    with pytest.raises(ValueError, match="unknown family 'mlp'"):
+        registry.register_model("mlp_tiny", widths=(8,), repeats=(1,), head="conv", family="mlp")
+    assert registry.model_names() == model_names() and "mlp_tiny" not in registry.MODELS
+
+
 @pytest.mark.parametrize("name", sorted(REFERENCE_COUNTS))
 def test_parameter_counts_of_all_six_models_at_reference_size(name):
     assert parameter_counts(name, (299, 299, 3), 1000) == REFERENCE_COUNTS[name]

@@ -1,4 +1,4 @@
-"""Issue 17's augmentation: horizontal flip, random resized crop and mixup, and defaults that change nothing."""
+"""The augmentation keys: horizontal flip, random resized crop and mixup, and defaults that change nothing."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def _by_position(batches, key="image"):
 
 
 # sha256 of every batch's image and label bytes of _batches(records) with DeepDanbooru's augmentation, recorded
-# with the pipeline as it was before issue 17 (commit 3a37e87). The new keys at their defaults must not move a bit.
-BEFORE_ISSUE_17 = "179036e49ab15fbf560af83fadbe87f2ec357217c29bf118258c44c9fbd96ef1"
+# with the pipeline as it was before the flip, crop and mixup keys existed (commit 3a37e87). The new keys at their
+# defaults must not move a bit.
+BEFORE_THE_AUGMENTATION_KEYS = "179036e49ab15fbf560af83fadbe87f2ec357217c29bf118258c44c9fbd96ef1"
 
 
 def test_defaults_give_the_pipeline_output_of_before_the_new_keys(records):
@@ -65,7 +66,7 @@ def test_defaults_give_the_pipeline_output_of_before_the_new_keys(records):
     for batch in _batches(records, horizontal_flip=False, crop_area_range=None, mixup=None):
         digest.update(batch["image"].numpy().tobytes())
         digest.update(batch["label"].numpy().tobytes())
-    assert digest.hexdigest() == BEFORE_ISSUE_17
+    assert digest.hexdigest() == BEFORE_THE_AUGMENTATION_KEYS
 
 
 def test_the_new_draws_leave_deepdanbooru_s_four_unchanged():

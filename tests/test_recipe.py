@@ -1,4 +1,4 @@
-"""The recipe keys of issue 17 one at a time: loss, optimizers, schedule, priors, EMA, head, config."""
+"""The recipe keys one at a time: loss, optimizers, schedule, priors, EMA, head, config."""
 
 import json
 import math
@@ -13,8 +13,9 @@ from deepdanbooru.models.head import grow_vocabulary, head_layer, set_head_bias
 from deepdanbooru.models.losses import Asymmetric, make_loss, project_loss
 from deepdanbooru.models.optimizers import decay_exempt, make_optimizer
 from deepdanbooru.project.config import load_config
+from deepdanbooru.project.tags import tag_counts
 from deepdanbooru.training.ema import WeightAverage
-from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
+from deepdanbooru.training.priors import log_frequency_weights, log_odds
 from deepdanbooru.training.schedule import LearningRateSchedule
 
 
@@ -63,7 +64,7 @@ def test_tag_loss_weights_weigh_each_tag():
     elementwise = -(y * np.log(p) + (1 - y) * np.log(1 - p))
     got = keras.ops.convert_to_numpy(make_loss("binary_crossentropy", "none", tag_weights=weights)(y, p))
     np.testing.assert_allclose(got, (elementwise * weights).mean(axis=-1), rtol=1e-5)
-    # Unweighted, every loss is today's computation.
+    # Without tag weights the loss is Keras's own BinaryCrossentropy, as before the weights existed.
     plain = make_loss("binary_crossentropy", "none")
     assert isinstance(plain, keras.losses.BinaryCrossentropy)
 
@@ -118,9 +119,9 @@ def tiny_model():
 def test_weight_decay_spares_biases_and_norms(name):
     keras.utils.set_random_seed(1)
     model = tiny_model()
-    exempt = {v.path for v in decay_exempt(model)}
+    exempt = {v.path for v in decay_exempt(model, "resnet_small")}
     assert exempt == {"conv/bias", "bn/gamma", "bn/beta", "ln/gamma", "ln/beta", "head/bias"}
-    optimizer = make_optimizer(name, 0.1, weight_decay=0.5, decay_exempt_variables=decay_exempt(model))
+    optimizer = make_optimizer(name, 0.1, weight_decay=0.5, decay_exempt_variables=decay_exempt(model, "resnet_small"))
     before = {v.path: v.numpy().copy() for v in model.trainable_variables}
     # With zero gradients both steps are zero (lamb's trust ratio is 1 then): what moves is the decay alone.
     optimizer.apply_gradients([(tf.zeros_like(v), v) for v in model.trainable_variables])
@@ -147,7 +148,7 @@ def test_optimizer_state_resumes_bit_exactly(name, tmp_path):
     def fresh():
         keras.utils.set_random_seed(3)
         model = tiny_model()
-        optimizer = make_optimizer(name, 0.01, weight_decay=0.1, decay_exempt_variables=decay_exempt(model))
+        optimizer = make_optimizer(name, 0.01, weight_decay=0.1, decay_exempt_variables=decay_exempt(model, "resnet_small"))
         optimizer.build(model.trainable_variables)
         return model, optimizer
 
@@ -243,19 +244,24 @@ def test_defaults_are_deepdanbooru_and_decay_defaults_for_adamw(tmp_path):
     assert write_config(tmp_path, optimizer="lamb", weight_decay=0).decay == 0.0
 
 
-@pytest.mark.parametrize("name", ["vit_small_patch16", "resnet_small"])
-def test_log_prior_is_allowed_exactly_where_the_head_has_a_bias(name):
+def test_log_prior_is_refused_for_a_head_without_a_bias():
     from deepdanbooru.errors import ModelError
+    from deepdanbooru.models.table import check_head_bias_init, head_has_bias
+
+    # resnet_small's head is a 1x1 convolution without bias: refused, naming the key.
+    assert not head_has_bias("resnet_small")
+    with pytest.raises(ModelError, match="^project.json: head_bias_init: log_prior sets the output bias"):
+        check_head_bias_init("resnet_small", "log_prior", "project.json")
+    check_head_bias_init("resnet_small", "zeros", "project.json")
+
+
+def test_log_prior_sets_the_bias_of_a_head_that_has_one():
     from deepdanbooru.models import build_model
     from deepdanbooru.models.table import check_head_bias_init, head_has_bias
 
-    if name == "resnet_small":  # 1x1 convolution without bias: refused, naming the key
-        with pytest.raises(ModelError, match="head_bias_init: log_prior sets the output bias"):
-            check_head_bias_init(name, "log_prior", "project.json")
-        assert not head_has_bias(name)
-        return
-    check_head_bias_init(name, "log_prior", "project.json")
-    model = build_model(name, (32, 32, 3), 3, seed=0)
+    assert head_has_bias("vit_small_patch16")
+    check_head_bias_init("vit_small_patch16", "log_prior", "project.json")
+    model = build_model("vit_small_patch16", (32, 32, 3), 3, seed=0)
     prior = log_odds(np.array([1, 5, 9]), 10)
     set_head_bias(model, prior)
     np.testing.assert_array_equal(head_layer(model).bias.numpy(), np.asarray(prior, dtype=np.float32))

@@ -5,13 +5,13 @@ import shutil
 
 import numpy as np
 import pytest
-from train_helpers import assert_same_weights, make_project, read_state, weights
+from train_helpers import assert_same_weights, killed_copy, make_project, read_state, weights
 
 from deepdanbooru.errors import ModelError
 from deepdanbooru.training.monitors import Monitor
 from deepdanbooru.training.train import plan_training, train_project
 
-# Every recipe key of issue 17 that changes training turns on here (head_bias_init needs a head with a bias:
+# Every recipe key that changes training turns on here (head_bias_init needs a head with a bias:
 # resnet_small has none, so it is refused below and tested on a dense head in test_recipe.py).
 RECIPE = {
     "loss": "asymmetric", "asl_gamma_neg": 3, "asl_gamma_pos": 1, "asl_clip": 0.1,
@@ -68,13 +68,8 @@ def test_every_recipe_key_resumes_exactly(recipe_run, tmp_path):
     trained_stem = reader.get_tensor("optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE")
     assert trained_stem.shape == exported[0].shape and not np.array_equal(trained_stem, exported[0])
 
-    # Killed after the first slice of epoch 2: resume from that checkpoint in a copy without the later exports.
-    project = tmp_path / "resumed"
-    shutil.copytree(reference, project)
-    for name in LATER_EXPORTS:
-        (project / name).unlink()
-    (project / "checkpoints" / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-4"\nall_model_checkpoint_paths: "ckpt-4"\n')
+    # Killed after the first slice of epoch 2: resume from that checkpoint.
+    project = killed_copy(reference, tmp_path / "resumed", "ckpt-4", LATER_EXPORTS)
     resumed = []
     rates = Rates()
     train_project(project, echo=resumed.append, monitors=[rates])

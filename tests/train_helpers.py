@@ -62,6 +62,19 @@ def assert_same_weights(a: Path, b: Path) -> None:
         assert (x == y).all(), f"max difference {abs(x - y).max()}"
 
 
+def killed_copy(reference: Path, target: Path, checkpoint: str, later_exports) -> Path:
+    """A copy of a finished run as if killed right after writing `checkpoint` (e.g. "ckpt-4"): that checkpoint
+    is the latest, and the exports written after it are gone."""
+    import shutil
+
+    shutil.copytree(reference, target)
+    for name in later_exports:
+        (target / name).unlink()
+    (target / "checkpoints" / "checkpoint").write_text(
+        f'model_checkpoint_path: "{checkpoint}"\nall_model_checkpoint_paths: "{checkpoint}"\n')
+    return target
+
+
 def cli_env() -> dict:
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
 

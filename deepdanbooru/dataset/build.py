@@ -26,6 +26,7 @@ from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
 from deepdanbooru.project.config import load_config
 from deepdanbooru.fileio import create_beside, write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.tags import count_tags
 from deepdanbooru.wording import plural
 
 RATING_TAGS = {
@@ -289,14 +290,6 @@ def is_system_tag(tag: str) -> bool:
 
 def _system_order(tag: str) -> int:
     return SYSTEM_TAGS.index(tag) if tag in SYSTEM_TAGS else len(SYSTEM_TAGS)
-
-
-def count_tags(tag_strings) -> Counter:
-    """Number of posts each tag occurs in (a tag repeated within one post counts once)."""
-    counts: Counter = Counter()
-    for tag_string in tag_strings:
-        counts.update(set(tag_string.split()))
-    return counts
 
 
 def rank_tags(counts: Counter, min_count: int = 1, limit: int = 0, system_tags: bool = True) -> list[str]:

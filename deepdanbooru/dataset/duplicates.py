@@ -22,24 +22,6 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_DISTANCE = 4
 HASH_BITS = 64
-_MASK = (1 << 64) - 1
-
-
-def _splitmix64(value: int) -> int:
-    value = (value + 0x9E3779B97F4A7C15) & _MASK
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
-    return value ^ (value >> 31)
-
-
-def in_validation(post_id: int, validation_fraction: float, seed: int) -> bool:
-    """scoring.split.validation_mask for one id, without numpy (the same bits; tested against it)."""
-    if validation_fraction <= 0:
-        return False
-    hashed = _splitmix64(_splitmix64(seed & _MASK) ^ (post_id & _MASK))
-    return (hashed >> 11) / float(1 << 53) < validation_fraction
-
-
 def file_md5(path) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as stream:

@@ -97,26 +97,39 @@ def check_posts_table(connection: sqlite3.Connection, source, columns=REQUIRED_C
     return present
 
 
-def eligible_query(extensions) -> tuple[str, int]:
-    marks = ", ".join("?" for _ in extensions)
-    return (
-        "SELECT id, md5, file_ext, tag_string FROM posts "
-        f"WHERE file_ext IN ({marks}) AND tag_count_general >= ? ORDER BY id",
-        len(extensions),
-    )
+ELIGIBLE_COLUMNS = "id, md5, file_ext, tag_string"
+
+
+def eligible_where(extensions) -> str:
+    """The condition of an eligible row; its parameters are (*extensions, minimum_tag_count)."""
+    return f"file_ext IN ({', '.join('?' for _ in extensions)}) AND tag_count_general >= ?"
+
+
+def eligible_query(extensions, columns: str = ELIGIBLE_COLUMNS, also: str | None = None, ordered: bool = True,
+                   limit: int | None = None) -> str:
+    """SELECT `columns` of the eligible rows (AND `also`), in id order unless `ordered` is False.
+
+    Parameters: (*extensions, minimum_tag_count), then any `also` needs. Built from its parts, never by
+    editing another query's text.
+    """
+    sql = f"SELECT {columns} FROM posts WHERE {eligible_where(extensions)}"
+    if also:
+        sql += f" AND {also}"
+    if ordered:
+        sql += " ORDER BY id"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    return sql
 
 
 def count_eligible(connection, minimum_tag_count: int, extensions) -> int:
-    sql, _ = eligible_query(extensions)
-    sql = sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT COUNT(*)").replace(" ORDER BY id", "")
+    sql = eligible_query(extensions, "COUNT(*)", ordered=False)
     return connection.execute(sql, (*extensions, minimum_tag_count)).fetchone()[0]
 
 
 def iter_eligible(connection, source, minimum_tag_count: int, extensions, limit: int | None = None):
     """Yield checked (id, md5, file_ext, tag_string) rows in id order."""
-    sql, _ = eligible_query(extensions)
-    if limit is not None:
-        sql += f" LIMIT {int(limit)}"
+    sql = eligible_query(extensions, limit=limit)
     cursor = connection.execute(sql, (*extensions, minimum_tag_count))
     for row_id, md5, ext, tag_string in cursor:
         if not isinstance(row_id, int):

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
+from deepdanbooru.project.tags import count_tags
 from deepdanbooru.wording import plural
 
 MIN_VALIDATION_POSTS = 50
@@ -38,7 +39,7 @@ def split_stats(rows: Iterable[tuple[bool, str]], tags) -> SplitStats:
     posts = {False: 0, True: 0}
     for validation, tag_string in rows:
         posts[validation] += 1
-        counts[validation].update(vocabulary.intersection(tag_string.split()))
+        count_tags((tag_string,), vocabulary, counts[validation])
     train_counts, validation_counts = counts[False], counts[True]
     return SplitStats(
         train_posts=posts[False],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
 from deepdanbooru.project import categories as cat
+from deepdanbooru.project.tags import tag_counts
 
 MODEL_FILE = "model.onnx"
 TAGS_FILE = "selected_tags.csv"
@@ -52,13 +52,6 @@ def bundle_order(categories) -> list[int]:
     known = [cat.GENERAL if value is None else value for value in categories]
     rank = {category: position for position, category in enumerate(CATEGORY_ORDER)}
     return sorted(range(len(known)), key=lambda index: (rank.get(known[index], len(rank)), index))
-
-
-def tag_counts(tags, tag_strings) -> list[int]:
-    """Posts carrying each tag, counted over the training database's eligible posts."""
-    wanted = set(tags)
-    counts = Counter(tag for text in tag_strings for tag in set(text.split()) if tag in wanted)
-    return [counts[tag] for tag in tags]
 
 
 def selected_tags_csv(tags, categories, counts, order) -> str:
@@ -147,7 +140,7 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
     categories = cat.tag_categories(tags, config.project_dir)
     files = resolve_model_files(project_path, model_path)
     records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
-    counts = tag_counts(tags, records.tag_strings)
+    counts = tag_counts(records.tag_strings, tags)
     order = bundle_order(categories)
 
     from deepdanbooru.inference.project_metrics import project_metrics, select_records

@@ -1,4 +1,4 @@
-"""Models: the table (ResNets, ConvNeXt, EfficientNetV2, ViT), its one builder, losses, optimizers, files.
+"""Models: what the registry's rows (ResNets, ConvNeXt, EfficientNetV2, ViT) need, their one builder, losses, optimizers, files.
 
     build_model(name, input_shape, n_tags, seed=0) -> keras.Model
     check_model_input(name, input_shape, source=None)      ModelError before building
@@ -6,14 +6,16 @@
     model_names() -> tuple[str, ...]
     make_loss(name, reduction="sum_over_batch_size", options=None, tag_weights=None) -> keras.losses.Loss
     make_optimizer(name, learning_rate, clipnorm=None, global_clipnorm=None, weight_decay=None,
-                   decay_exempt_variables=()) -> keras.optimizers.Optimizer
+                   decay_exempt_variables=(), rate_factors=()) -> keras.optimizers.Optimizer
+    optimizers.decay_exempt(model, name), optimizers.layer_rate_factors(model, name, layer_decay)
     load_model_file(path) -> keras.Model                   .keras, DeepDanbooru 1.0 .h5
     backbone.load_backbone_weights(model, name, path, input_shape)   backbone_weights
     backbone.build_trunk(name, input_shape) -> keras.Model  the model a trunk weights file is written from
     count_weights(model) -> (trainable, non_trainable)
 
-`table` is standard library only; everything else imports Keras, so the names
-are resolved on first use and `import deepdanbooru.models.table` stays light.
+The models themselves are registered in deepdanbooru.registry. `table` and
+`counts` are standard library only; everything else imports Keras, so the
+names are resolved on first use and `import deepdanbooru.models.table` stays light.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "ARCHITECTURES": "table",
     "check_model_input": "table",
     "model_names": "table",
     "parameter_counts": "table",

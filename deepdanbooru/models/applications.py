@@ -38,7 +38,8 @@ from keras import layers
 
 from deepdanbooru.compat import is_op_node
 from deepdanbooru.models.blocks import layer_seed
-from deepdanbooru.models.table import APPLICATION_MINIMUM, get_architecture
+from deepdanbooru.models.table import get_architecture
+from deepdanbooru.registry import APPLICATION_MINIMUM
 
 _IMAGENET_MEAN = [0.485, 0.456, 0.406]
 _IMAGENET_VARIANCE = [0.229**2, 0.224**2, 0.225**2]

@@ -13,7 +13,8 @@ import hashlib
 import keras
 from keras import layers
 
-from deepdanbooru.models.table import POOL_SIZE
+from deepdanbooru.models.table import get_architecture
+from deepdanbooru.registry import POOL_SIZE
 
 
 def layer_seed(seed: int, name: str) -> int:
@@ -70,6 +71,15 @@ def stage(x, filters, repeat, index, seed):
     return x
 
 
+def trunk(name, image, seed):
+    """The ResNet trunk of the registry's row `name`: stem, then one stage per entry of its widths."""
+    architecture = get_architecture(name)
+    x = stem(image, architecture.widths[0] // 4, seed)
+    for index, (width, repeat) in enumerate(zip(architecture.widths, architecture.repeats), start=1):
+        x = stage(x, width, repeat, index, seed)
+    return x
+
+
 def conv_head(x, n_tags, seed):
     x = layers.Conv2D(
         n_tags,
@@ -98,5 +108,3 @@ def dense_head(x, n_tags, seed):
 def pooled_head(x, n_tags, seed):
     return _head_dense(layers.GlobalAveragePooling2D(name="head_pool")(x), n_tags, seed)
 
-
-HEADS = {"conv": conv_head, "dense": dense_head, "pooled": pooled_head}

@@ -1,4 +1,4 @@
-"""The one builder: a table row in, a functional keras.Model out."""
+"""The one builder: a registry row in (deepdanbooru.registry), a functional keras.Model out."""
 
 from __future__ import annotations
 
@@ -6,25 +6,8 @@ import keras
 from keras import layers
 
 from deepdanbooru.errors import ModelError
-from deepdanbooru.models import applications, blocks, vit
 from deepdanbooru.models.table import check_model_input
-
-
-def _resnet_trunk(name, inputs, seed):
-    architecture = check_model_input(name, tuple(inputs.shape[1:]))
-    x = blocks.stem(inputs, architecture.widths[0] // 4, seed)
-    for index, (width, repeat) in enumerate(zip(architecture.widths, architecture.repeats), start=1):
-        x = blocks.stage(x, width, repeat, index, seed)
-    return x
-
-
-# family -> trunk(name, input tensor, seed): the last feature map, which the row's head reads.
-TRUNKS = {
-    "resnet": _resnet_trunk,
-    "convnext": applications.trunk,
-    "efficientnetv2": applications.trunk,
-    "vit": vit.trunk,
-}
+from deepdanbooru.registry import FAMILIES, HEADS, resolve
 
 
 def build_model(name: str, input_shape, n_tags: int, seed: int = 0) -> keras.Model:
@@ -39,13 +22,14 @@ def build_model(name: str, input_shape, n_tags: int, seed: int = 0) -> keras.Mod
     if isinstance(n_tags, bool) or not isinstance(n_tags, int) or n_tags <= 0:
         raise ModelError(f"n_tags: must be a positive integer, got {n_tags!r}")
 
+    family = FAMILIES[architecture.family]
     inputs = keras.Input(shape=input_shape, name="image")
-    x = TRUNKS[architecture.family](name, inputs, seed)
-    x = blocks.HEADS[architecture.head](x, n_tags, seed)
+    x = resolve(family.trunk)(name, inputs, seed)
+    x = resolve(HEADS[architecture.head].builder)(x, n_tags, seed)
     outputs = layers.Activation("sigmoid", dtype="float32", name="output")(x)
     model = keras.Model(inputs, outputs, name=name)
-    if architecture.family == "vit":
-        vit.seed_attention(model, seed)
+    if family.finish:
+        resolve(family.finish)(model, seed)
     return model
 
 

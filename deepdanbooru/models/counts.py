@@ -1,4 +1,4 @@
-"""Parameter counts of the ConvNeXt, EfficientNetV2 and ViT rows, computed without building them.
+"""Parameter counts of every family, computed without building (the registry names each family's counter).
 
 STANDARD LIBRARY ONLY, like models.table (preflight sizes a model before
 TensorFlow starts). Each function mirrors, weight for weight, what its
@@ -8,6 +8,23 @@ adds 2 non-trainable ones (moving mean and variance).
 """
 
 from __future__ import annotations
+
+from deepdanbooru.registry import POOL_SIZE
+
+# The ResNets' stem conv and max-pool each halve; every stage after the first halves.
+STEM_HALVINGS = 2
+
+
+def _halve(size: int) -> int:
+    # A stride-2 conv or pool with padding "same" gives ceil(size / 2).
+    return -(-size // 2)
+
+
+def final_feature_size(architecture, height: int, width: int) -> tuple[int, int]:
+    """Spatial size of a ResNet trunk's last feature map for an input of height x width."""
+    for _ in range(STEM_HALVINGS + len(architecture.widths) - 1):
+        height, width = _halve(height), _halve(width)
+    return height, width
 
 
 class _Tally:
@@ -33,6 +50,33 @@ class _Tally:
         return self.trainable, self.non_trainable
 
 
+def resnet(name, architecture, input_shape, n_tags) -> tuple[int, int]:
+    """models.blocks: convolutions without bias, each followed by batch norm."""
+    t = _Tally()
+
+    def conv_bn(kernel, c_in, c_out):
+        t.conv(kernel, c_in, c_out, bias=False)
+        t.batch_norm(c_out)
+
+    c_in = architecture.widths[0] // 4
+    conv_bn(7, input_shape[2], c_in)
+    for width, repeat in zip(architecture.widths, architecture.repeats):
+        inner = width // 4
+        for block in range(repeat + 1):
+            conv_bn(1, c_in if block == 0 else width, inner)
+            conv_bn(3, inner, inner)
+            conv_bn(1, inner, width)
+            if block == 0:
+                conv_bn(1, c_in, width)  # the projection shortcut
+        c_in = width
+    if architecture.head == "dense":
+        final_h, final_w = final_feature_size(architecture, input_shape[0], input_shape[1])
+        t.dense(c_in * (final_h // POOL_SIZE) * (final_w // POOL_SIZE), n_tags)
+    else:
+        t.conv(1, c_in, n_tags, bias=False)
+    return t.trainable, t.non_trainable
+
+
 def convnext(name, architecture, input_shape, n_tags) -> tuple[int, int]:
     widths, t = architecture.widths, _Tally()
     t.conv(4, input_shape[2], widths[0], bias=True)  # stem: 4x4 patchify
@@ -52,9 +96,7 @@ def convnext(name, architecture, input_shape, n_tags) -> tuple[int, int]:
 
 
 def efficientnetv2(name, architecture, input_shape, n_tags) -> tuple[int, int]:
-    from deepdanbooru.models.table import EFFICIENTNETV2_STAGES, EFFICIENTNETV2_TOP
-
-    stem, stages = EFFICIENTNETV2_STAGES[name]
+    stem, stages, top = architecture.stem, architecture.stages, architecture.top
     t = _Tally()
     t.conv(3, input_shape[2], stem, bias=False)
     t.batch_norm(stem)
@@ -75,9 +117,9 @@ def efficientnetv2(name, architecture, input_shape, n_tags) -> tuple[int, int]:
             t.conv(1 if expand != 1 or not fused else kernel, inner, width, bias=False)
             t.batch_norm(width)
             c_in = width
-    t.conv(1, c_in, EFFICIENTNETV2_TOP, bias=False)
-    t.batch_norm(EFFICIENTNETV2_TOP)
-    return t.pooled_head(EFFICIENTNETV2_TOP, n_tags)
+    t.conv(1, c_in, top, bias=False)
+    t.batch_norm(top)
+    return t.pooled_head(top, n_tags)
 
 
 def vit(name, architecture, input_shape, n_tags) -> tuple[int, int]:
@@ -96,5 +138,3 @@ def vit(name, architecture, input_shape, n_tags) -> tuple[int, int]:
     t.layer_norm(width)
     return t.pooled_head(width, n_tags)
 
-
-COUNTERS = {"convnext": convnext, "efficientnetv2": efficientnetv2, "vit": vit}

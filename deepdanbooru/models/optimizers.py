@@ -9,7 +9,8 @@ step; tracing and the first run of that graph took ~30 s on two cores
 (per-step time is about the same either way). Everything else (clipping, loss scaling, the iteration
 counter, slot variables and so checkpoints) is Keras's own. Cases the kernels
 do not cover (sparse gradients, non-float32 variables, amsgrad) fall back to
-Keras's update_step. The hook into Keras's update is private: compat.FusedUpdate.
+Keras's update_step. The hook into Keras's update is private: compat.FusedUpdate, which also
+gives every optimizer here per-variable learning rates (layer_decay).
 """
 
 from __future__ import annotations
@@ -18,18 +19,23 @@ import keras
 import tensorflow as tf
 
 from deepdanbooru import compat
-from deepdanbooru.errors import ModelError
+from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.models.backbone import is_head
+from deepdanbooru.models.table import get_architecture
+from deepdanbooru.registry import FAMILIES
 
 
 def _fusable(grads_and_vars) -> bool:
     return all(var.dtype == tf.float32 and not isinstance(grad, tf.IndexedSlices) for grad, var in grads_and_vars)
 
 
-def _update_each(optimizer, distribution, grads_and_vars, slot_lists, apply) -> bool:
-    """apply(var, grad, *slots) for every variable, per replica, with that variable's slot variables."""
+def _update_each(optimizer, distribution, grads_and_vars, slot_lists, learning_rate, apply) -> bool:
+    """apply(var, grad, rate, *slots) for every variable, per replica, with that variable's learning rate
+    (layer_decay's factor applied) and slot variables."""
     for grad, var in grads_and_vars:
         slots = compat.slot_variables(optimizer, var, slot_lists)
-        distribution.extended.update(var, apply, args=(grad, *slots), group=False)
+        rate = optimizer.rate_for(var, learning_rate)
+        distribution.extended.update(var, apply, args=(grad, rate, *slots), group=False)
     return True
 
 
@@ -46,16 +52,15 @@ class FusedAdam(compat.FusedUpdate, keras.optimizers.Adam):
         f32 = tf.float32
         step = tf.cast(self.iterations + 1, f32)
         beta_1, beta_2 = tf.constant(self.beta_1, f32), tf.constant(self.beta_2, f32)
-        shared = (tf.pow(beta_1, step), tf.pow(beta_2, step), tf.cast(learning_rate, f32), beta_1, beta_2,
-                  tf.constant(self.epsilon, f32))
+        shared = (tf.pow(beta_1, step), tf.pow(beta_2, step), beta_1, beta_2, tf.constant(self.epsilon, f32))
 
-        def apply(var, grad, m, v):
-            b1_power, b2_power, lr, b1, b2, epsilon = shared
+        def apply(var, grad, lr, m, v):
+            b1_power, b2_power, b1, b2, epsilon = shared
             return tf.raw_ops.ResourceApplyAdam(
                 var=var.handle, m=m.handle, v=v.handle, beta1_power=b1_power, beta2_power=b2_power, lr=lr,
                 beta1=b1, beta2=b2, epsilon=epsilon, grad=tf.cast(grad, f32))
 
-        return _update_each(self, distribution, grads_and_vars, compat.ADAM_SLOTS, apply)
+        return _update_each(self, distribution, grads_and_vars, compat.ADAM_SLOTS, tf.cast(learning_rate, f32), apply)
 
 
 class FusedSGD(compat.FusedUpdate, keras.optimizers.SGD):
@@ -68,14 +73,22 @@ class FusedSGD(compat.FusedUpdate, keras.optimizers.SGD):
         if self.momentum == 0 or not _fusable(grads_and_vars):
             return False
         f32 = tf.float32
-        lr, momentum = tf.cast(learning_rate, f32), tf.constant(self.momentum, f32)
+        momentum = tf.constant(self.momentum, f32)
 
-        def apply(var, grad, m):
+        def apply(var, grad, lr, m):
             return tf.raw_ops.ResourceApplyKerasMomentum(
                 var=var.handle, accum=m.handle, lr=lr, grad=tf.cast(grad, f32), momentum=momentum,
                 use_nesterov=self.nesterov)
 
-        return _update_each(self, distribution, grads_and_vars, ("momentums",), apply)
+        return _update_each(self, distribution, grads_and_vars, ("momentums",), tf.cast(learning_rate, f32), apply)
+
+
+class RMSprop(compat.FusedUpdate, keras.optimizers.RMSprop):
+    """keras RMSprop, with per-variable learning rates (no fused kernel)."""
+
+
+class Lamb(compat.FusedUpdate, keras.optimizers.Lamb):
+    """keras Lamb, with per-variable learning rates (no fused kernel)."""
 
 
 # adamw is Adam with Keras's decoupled decay (var -= var * weight_decay * lr before the Adam step), so it
@@ -85,9 +98,9 @@ OPTIMIZERS = {
     "adam": lambda rate, **options: FusedAdam(learning_rate=rate, **options),
     # DeepDanbooru's "sgd" always meant Nesterov momentum 0.9.
     "sgd": lambda rate, **options: FusedSGD(learning_rate=rate, momentum=0.9, nesterov=True, **options),
-    "rmsprop": lambda rate, **options: keras.optimizers.RMSprop(learning_rate=rate, **options),
+    "rmsprop": lambda rate, **options: RMSprop(learning_rate=rate, **options),
     "adamw": lambda rate, **options: FusedAdam(learning_rate=rate, **options),
-    "lamb": lambda rate, **options: keras.optimizers.Lamb(learning_rate=rate, **options),
+    "lamb": lambda rate, **options: Lamb(learning_rate=rate, **options),
 }
 
 # Layers whose every weight is a normalization parameter (scale, offset; BatchNormalization's moving
@@ -96,39 +109,63 @@ _NORMALIZATION = (keras.layers.BatchNormalization, keras.layers.LayerNormalizati
                   keras.layers.GroupNormalization, keras.layers.UnitNormalization)
 
 
-def decay_exempt(model) -> list:
-    """The trainable variables weight decay must leave alone: every bias and every normalization parameter.
+def _groups(name: str):
+    architecture = get_architecture(name)
+    return architecture, FAMILIES[architecture.family].groups
 
-    Found by kind: a layer's `bias`, all weights of a normalization layer, and any other vector
-    (biases and scales of layers nested where the walk does not reach, such as inside
-    MultiHeadAttention). Kernels, embeddings and tokens are decayed.
+
+def _owned_variables(model):
+    """(top-level layer, trainable variable) for every trainable variable, nested sublayers' included."""
+    for layer in model.layers:
+        for variable in layer.trainable_weights:
+            yield layer, variable
+
+
+def decay_exempt(model, name: str) -> list:
+    """The trainable variables weight decay must leave alone, as declared, never guessed from shapes.
+
+    Every family: each bias (Keras names every layer's bias, nested ones such as MultiHeadAttention's
+    projections' too, "bias") and every weight of a normalization layer. Then the layers the family
+    declares in deepdanbooru.registry's FAMILIES `no_decay` (ConvNeXt's layer scales, the ViT's position table).
     """
-    exempt = {}
+    _, groups = _groups(name)
+    return [variable for layer, variable in _owned_variables(model)
+            if variable.name == "bias" or isinstance(layer, _NORMALIZATION) or not groups.decays(layer.name)]
 
-    def visit(layer):
-        if isinstance(layer, _NORMALIZATION):
-            for variable in layer.trainable_weights:
-                exempt[id(variable)] = variable
-        bias = getattr(layer, "bias", None)
-        if isinstance(bias, keras.Variable):
-            exempt[id(bias)] = bias
-        for inner in getattr(layer, "layers", ()):
-            visit(inner)
 
-    visit(model)
-    for variable in model.trainable_weights:
-        if len(variable.shape) <= 1:
-            exempt[id(variable)] = variable
-    return list(exempt.values())
+def layer_rate_factors(model, name: str, layer_decay: float | None, source=None) -> tuple:
+    """((variable, factor), ...) for layer-wise learning-rate decay (BEiT's and timm's fine-tuning rule).
+
+    With L units (the ViT's blocks, a CNN's stages; deepdanbooru.registry's FAMILIES), unit i (from 0) gets
+    layer_decay ** (L - i), the stem (patch and position embeddings) layer_decay ** (L + 1), the top layers
+    and the head 1. None: no factors. A layer the family's declaration does not place (a model not built
+    by deepdanbooru, such as a DeepDanbooru 1.0 file) is a ModelError naming it.
+    """
+    if layer_decay is None:
+        return ()
+    architecture, groups = _groups(name)
+    count = groups.units_of(architecture)
+    factors = []
+    for layer, variable in _owned_variables(model):
+        if is_head(layer) or groups.is_top(layer.name):
+            continue
+        unit = groups.unit_of(layer.name)
+        if unit is None or unit >= count:
+            message = (f"cannot tell which of {name}'s {count} {groups.unit_count} layer {layer.name!r} belongs "
+                       f"to; layer_decay needs a {name} built by deepdanbooru")
+            raise ModelError(file_field(source, "layer_decay", message) if source else f"layer_decay: {message}")
+        factors.append((variable, layer_decay ** (count - unit)))
+    return tuple(factors)
 
 
 def make_optimizer(name: str, learning_rate: float, clipnorm: float | None = None,
                    global_clipnorm: float | None = None, weight_decay: float | None = None,
-                   decay_exempt_variables=()) -> keras.optimizers.Optimizer:
+                   decay_exempt_variables=(), rate_factors=()) -> keras.optimizers.Optimizer:
     """`clipnorm` clips each variable's gradient on its own; `global_clipnorm` (project key
     gradient_clip_norm) scales all gradients together so their joint norm is at most the value,
     keeping the update's direction. None disables; give at most one. `weight_decay` (adamw, lamb)
-    skips `decay_exempt_variables` (see `decay_exempt`); call before the optimizer is built."""
+    skips `decay_exempt_variables` (see `decay_exempt`). `rate_factors` (see `layer_rate_factors`)
+    scale each listed variable's learning rate and decay. Call before the optimizer is built."""
     try:
         factory = OPTIMIZERS[name]
     except KeyError:
@@ -139,4 +176,5 @@ def make_optimizer(name: str, learning_rate: float, clipnorm: float | None = Non
                         weight_decay=weight_decay or None)
     if optimizer.weight_decay is not None:
         optimizer.exclude_from_weight_decay(var_list=list(decay_exempt_variables))
+    optimizer.set_rate_factors(rate_factors)
     return optimizer

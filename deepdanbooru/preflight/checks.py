@@ -25,6 +25,7 @@ from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.resume import describe_resume_point, resume_point
+from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import load_tags, tags_hash
 from deepdanbooru.runstate.lock import owner_is_stale, read_owner
 from deepdanbooru.runstate.state import STATE_FILE, read_state_json
@@ -163,9 +164,7 @@ def check_eligible(run: Run):
                       f"{with_ext:,} with an eligible file_ext, none of them with enough tags; "
                       "lower minimum_tag_count or widen image_extensions in project.json")
     limit = run.max_image_checks or None
-    sql, _ = records.eligible_query(extensions)
-    if limit is not None:
-        sql += f" LIMIT {int(limit)}"
+    sql = records.eligible_query(extensions, limit=limit)
     run.sample = connection.execute(sql, (*extensions, config.minimum_tag_count)).fetchall()
     return PASS, f"{run.eligible:,} eligible posts of {total:,} ({rule})"
 
@@ -187,10 +186,8 @@ def check_md5(run: Run):
     if not run.eligible:
         raise _Skip("no eligible posts")
     connection.create_function("deepdanbooru_unsafe_row", 2, _unsafe_row, deterministic=True)
-    sql, _ = records.eligible_query(config.image_extensions)
-    assert sql.endswith(" ORDER BY id")
-    sql = (sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT COUNT(*), MIN(id)")
-           .replace(" ORDER BY id", " AND deepdanbooru_unsafe_row(id, md5)"))
+    sql = records.eligible_query(config.image_extensions, "COUNT(*), MIN(id)",
+                                 also="deepdanbooru_unsafe_row(id, md5)", ordered=False)
     bad, first = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count)).fetchone()
     if not bad:
         return PASS, f"all {run.eligible:,} eligible posts have an integer id and a safe md5 file name"
@@ -274,12 +271,11 @@ def check_split(run: Run):
     connection = run.need("connection")
     if not run.eligible:
         raise _Skip("no eligible posts")
-    sql, _ = records.eligible_query(config.image_extensions)
-    sql = sql.replace("SELECT id, md5, file_ext, tag_string", "SELECT id, tag_string").replace(" ORDER BY id", "")
+    sql = records.eligible_query(config.image_extensions, "id, tag_string", ordered=False)
     rows = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count))
     split_keys = records.split_keys(connection, config.database_path)  # posts.split_id, where set
     fraction, seed = config.validation_fraction, config.seed
-    stats = split_stats(((duplicates.in_validation(split_keys.get(row_id, row_id), fraction, seed), tag_string or "")
+    stats = split_stats(((in_validation(split_keys.get(row_id, row_id), fraction, seed), tag_string or "")
                          for row_id, tag_string in rows if isinstance(row_id, int)), tags)
     warning = trust_warning(stats, config.validation_fraction, config.config_path)
     detail = (f"{stats.train_posts:,} training and {stats.validation_posts:,} validation posts "
@@ -385,17 +381,17 @@ def check_duplicates(run: Run):
         raise _Skip("no eligible posts")
     if config.validation_fraction <= 0:
         return PASS, "validation_fraction is 0: no validation split for duplicates to leak into"
-    sql, _ = records.eligible_query(config.image_extensions)
     parameters = (*config.image_extensions, config.minimum_tag_count)
+    sql = records.eligible_query(config.image_extensions)
     if not run.check_duplicates:
         # Only the rows sharing a file, found by SQLite: the split of a million posts costs seconds in Python.
-        where = sql[sql.index(" WHERE ") + 7:sql.index(" ORDER BY")]
-        sql = sql.replace(" ORDER BY", f" AND (md5, file_ext) IN (SELECT md5, file_ext FROM posts WHERE {where} "
-                                       "GROUP BY md5, file_ext HAVING COUNT(*) > 1) ORDER BY")
+        shared = (f"(md5, file_ext) IN (SELECT md5, file_ext FROM posts WHERE "
+                  f"{records.eligible_where(config.image_extensions)} GROUP BY md5, file_ext HAVING COUNT(*) > 1)")
+        sql = records.eligible_query(config.image_extensions, also=shared)
         parameters = parameters * 2
     rows = connection.execute(sql, parameters).fetchall()
     split_keys = records.split_keys(connection, config.database_path)
-    side = {row_id: duplicates.in_validation(split_keys.get(row_id, row_id), config.validation_fraction, config.seed)
+    side = {row_id: in_validation(split_keys.get(row_id, row_id), config.validation_fraction, config.seed)
             for row_id, *_ in rows}
     validation_total = sum(side.values()) if run.check_duplicates else None
     images = config.require_database().parent / records.IMAGES_DIR

@@ -15,22 +15,11 @@ from typing import Any, Callable
 
 from deepdanbooru.errors import ConfigError, file_field
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS
+from deepdanbooru.registry import model_names
 
 PROJECT_FILE = "project.json"
 
-MODEL_NAMES = (
-    "resnet_152",
-    "resnet_custom_v1",
-    "resnet_custom_v2",
-    "resnet_custom_v3",
-    "resnet_custom_v4",
-    "resnet_small",
-    "convnext_tiny",
-    "convnext_small",
-    "efficientnetv2_b0",
-    "efficientnetv2_s",
-    "vit_small_patch16",
-)
+MODEL_NAMES = model_names()
 LOSS_NAMES = ("binary_crossentropy", "focal_loss", "asymmetric")
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop", "adamw", "lamb")
 LR_SCHEDULES = ("steps", "warmup_cosine")
@@ -309,7 +298,7 @@ KEYS: tuple[Key, ...] = (
         ", ".join(BEST_MODEL_METRICS), spec=False),
     Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
         "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
-    # The recipe keys (issue 17). Defaults: DeepDanbooru's recipe, unchanged.
+    # The recipe keys. Defaults: DeepDanbooru's recipe, unchanged.
     Key("asl_gamma_neg", 4.0, _float(0.0), "loss asymmetric: focusing exponent of the negatives", "float", ">= 0",
         spec=False),
     Key("asl_gamma_pos", 0.0, _float(0.0), "loss asymmetric: focusing exponent of the positives", "float", ">= 0",
@@ -318,8 +307,14 @@ KEYS: tuple[Key, ...] = (
         "loss asymmetric: probability margin subtracted from a negative's score (0: no shifting)", "float",
         "0 to 0.5", spec=False),
     Key("weight_decay", None, _optional_float(minimum=0.0),
-        f"optimizer adamw or lamb: decoupled weight decay (times the learning rate), not applied to biases and "
-        f"normalization parameters; null: {DEFAULT_WEIGHT_DECAY}", "float or null", ">= 0", spec=False),
+        f"optimizer adamw or lamb: decoupled weight decay (times the learning rate), not applied to biases, "
+        f"normalization parameters, layer scales and position tables; null: {DEFAULT_WEIGHT_DECAY}",
+        "float or null", ">= 0", spec=False),
+    Key("layer_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True),
+        "layer-wise learning-rate decay for fine-tuning: with L blocks (vit) or stages (resnet, convnext, "
+        "efficientnetv2), block i from 0 learns at the rate times layer_decay ** (L - i), the stem at "
+        "layer_decay ** (L + 1), the head at the rate itself (null: off)", "float or null", "0 < d <= 1",
+        spec=False),
     Key("lr_schedule", "steps", _choice(LR_SCHEDULES),
         "steps: learning_rate / learning_rates per epoch; warmup_cosine: per minibatch, linear warmup to "
         "learning_rate over warmup_epochs, then cosine down to min_learning_rate at the end of epoch_count",
@@ -407,6 +402,7 @@ class ProjectConfig:
     asl_gamma_pos: float
     asl_clip: float
     weight_decay: float | None
+    layer_decay: float | None
     lr_schedule: str
     warmup_epochs: float
     min_learning_rate: float

@@ -1,7 +1,7 @@
 """create-project --recipe: named sets of project.json values laid over the defaults.
 
 `deepdanbooru` is the defaults themselves (DeepDanbooru's recipe). `modern`
-is issue 17's: its values are the ones bench/quality.py measured best at
+takes the values bench/quality.py measured best at
 equal time on the hard sample (docs/quality.md), which reads them from here,
 so the bench and create-project never disagree. Change them here only.
 """

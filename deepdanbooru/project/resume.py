@@ -1,7 +1,7 @@
 """Where a run resumes, from the counters a checkpoint holds. Standard library only.
 
 A run's last checkpoint is written after the last slice of an epoch, before the
-epoch end moves used_epoch on (SPEC section 5), so the same point can be read as
+epoch end moves used_epoch on (as DeepDanbooru's counters do), so the same point can be read as
 (used_epoch e, offset = train records) from a checkpoint or as (e + 1, 0) from
 the final state.json (runstate.state reads and writes it). This module is the one reading of both that
 train-project, preflight, the interrupt message and best.json print.
@@ -15,7 +15,8 @@ from deepdanbooru.runstate.state import SCHEDULE_COUNTERS
 
 
 def resume_point(counters: Mapping, train_records: int | None) -> dict[str, int]:
-    """The SPEC counters with a fully trained epoch counted as done (offset 0 of the next epoch)."""
+    """The schedule counters (runstate.state.SCHEDULE_COUNTERS) with a fully trained epoch counted as done
+    (offset 0 of the next epoch)."""
     point = {name: counters[name] for name in SCHEDULE_COUNTERS if isinstance(counters.get(name), int)}
     if (train_records and point.get("offset", 0) >= train_records
             and "used_epoch" in point and "random_seed" in point):

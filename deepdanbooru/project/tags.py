@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from pathlib import Path
 
 from deepdanbooru.errors import TagsError, file_field
@@ -46,3 +47,20 @@ def load_tags(path) -> list[str]:
 def tags_hash(tags) -> str:
     """SHA-256 of the vocabulary as the model sees it (order matters; blank lines do not)."""
     return hashlib.sha256("\n".join(tags).encode("utf-8")).hexdigest()
+
+
+def count_tags(tag_strings, vocabulary: set[str] | None = None, counts: Counter | None = None) -> Counter:
+    """Posts each tag occurs in: a tag repeated within one post counts once (tokens split on whitespace,
+    as the label pipeline splits them). With `vocabulary`, only its tags are counted, so memory stays
+    bounded by it over millions of posts; with `counts`, they are added to it."""
+    counts = Counter() if counts is None else counts
+    for tag_string in tag_strings:
+        tokens = set(tag_string.split())
+        counts.update(tokens if vocabulary is None else tokens & vocabulary)
+    return counts
+
+
+def tag_counts(tag_strings, tags) -> list[int]:
+    """count_tags for each tag of `tags`, in that order."""
+    counts = count_tags(tag_strings, set(tags))
+    return [counts[tag] for tag in tags]

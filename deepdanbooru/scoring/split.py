@@ -9,48 +9,34 @@ existing post across the split, and training never sees a validation post.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import numpy as np
 
-from deepdanbooru.dataset.records import Records
-
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _splitmix64(values: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser: a fixed, well-mixing 64-bit hash (uint64 arithmetic wraps)."""
-    z = values + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+from deepdanbooru.project.split import in_validation
 
 
 def validation_mask(ids, validation_fraction: float, seed: int) -> np.ndarray:
-    """Boolean array: True where the post id belongs to validation."""
+    """Boolean array: True where the post id (or split id) belongs to validation (project.split's rule)."""
     ids = np.asarray(ids, dtype=np.int64).view(np.uint64)
     if validation_fraction <= 0 or ids.size == 0:
         return np.zeros(ids.shape, dtype=bool)
-    with np.errstate(over="ignore"):
-        keyed = _splitmix64(np.full(ids.shape, seed, dtype=np.uint64)) ^ ids
-        hashed = _splitmix64(keyed) & _MASK
-    # The top 53 bits as a float in [0, 1): exact, so the cut is the same everywhere.
-    uniform = (hashed >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-    return uniform < validation_fraction
+    return np.asarray(in_validation(ids, validation_fraction, seed), dtype=bool)
 
 
-def split_records(records: Records, validation_fraction: float, seed: int) -> tuple[Records, Records]:
-    """(training, validation) subsets of `records`, each still in id order."""
+def split_records(records, validation_fraction: float, seed: int) -> tuple:
+    """(training, validation) subsets of `records` (dataset.records.Records), each still in id order."""
     mask = validation_mask(records.split_keys, validation_fraction, seed)
     indices = np.arange(len(records))
     return records.subset(indices[~mask].tolist()), records.subset(indices[mask].tolist())
 
 
-def records_hash(records: Records) -> str:
+def records_hash(records) -> str:
     """A short hash of the training ids: checkpoints and state.json record it to notice a changed database."""
     return hashlib.sha256(np.asarray(records.ids, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-def split_for_run(records: Records, validation_fraction: float, seed: int, saved_state: dict | None):
+def split_for_run(records, validation_fraction: float, seed: int, saved_state: dict | None):
     """(training, validation, note): the split of split_records, except for a run already started.
 
     A database given `split_id`s (--group-duplicates) after a run started
@@ -65,7 +51,7 @@ def split_for_run(records: Records, validation_fraction: float, seed: int, saved
     saved = saved_state.get("records_hash")
     if saved == records_hash(train):
         return train, validation, None
-    by_id = Records(records.database_path, records.ids, records.md5s, records.file_exts, records.tag_strings)
+    by_id = replace(records, split_ids=None)
     id_train, id_validation = split_records(by_id, validation_fraction, seed)
     if saved is not None and saved != records_hash(id_train):
         return train, validation, None  # the database changed in other ways too; the resume notice covers it

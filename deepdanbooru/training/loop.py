@@ -34,7 +34,7 @@ from deepdanbooru.models import build_model, load_model_file, make_optimizer
 from deepdanbooru.models.backbone import load_backbone_weights, set_backbone_trainable
 from deepdanbooru.models.head import grow_vocabulary, set_head_bias
 from deepdanbooru.models.losses import project_loss
-from deepdanbooru.models.optimizers import decay_exempt
+from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors
 from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
 from deepdanbooru.pipeline import TrainingInput
 from deepdanbooru.project.resume import describe_resume_point
@@ -216,7 +216,11 @@ class SliceTrainer:
             self.optimizer, inner = build_optimizer(
                 # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
                 lambda: make_optimizer(self.config.optimizer, rate, global_clipnorm=self.config.gradient_clip_norm,
-                                       weight_decay=self.config.decay, decay_exempt_variables=decay_exempt(self.model)),
+                                       weight_decay=self.config.decay,
+                                       decay_exempt_variables=decay_exempt(self.model, self.config.model),
+                                       rate_factors=layer_rate_factors(self.model, self.config.model,
+                                                                       self.config.layer_decay,
+                                                                       self.config.config_path)),
                 self.policy == MIXED)
             # Built before any restore, so every slot exists and the restore fills it in place.
             self.optimizer.build(self.model.trainable_variables)

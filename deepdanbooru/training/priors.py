@@ -8,17 +8,8 @@ from __future__ import annotations
 
 import math
 
-
-def tag_counts(tag_strings, tags) -> list[int]:
-    """Records in which each tag of `tags` appears (tokens split as the label pipeline splits them)."""
-    index = {tag: i for i, tag in enumerate(tags)}
-    counts = [0] * len(tags)
-    for tag_string in tag_strings:
-        for token in set(tag_string.split()):
-            position = index.get(token)
-            if position is not None:
-                counts[position] += 1
-    return counts
+# Counted in project.tags; imported here because the trainer reads every prior from this module.
+from deepdanbooru.project.tags import tag_counts  # noqa: F401
 
 
 def log_odds(counts, records: int) -> list[float]:

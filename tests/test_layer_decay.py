@@ -1,0 +1,162 @@
+"""Parameter groups: what each family exempts from weight decay, and layer_decay's per-variable learning rates."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from train_helpers import assert_same_weights, killed_copy, make_project, read_state
+
+from deepdanbooru.errors import ConfigError, ModelError
+from deepdanbooru.models import build_model
+from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors, make_optimizer
+from deepdanbooru.project.config import load_config
+
+DECAY = 0.5
+SHAPE = (32, 32, 3)
+
+
+def _gradients(model, seed=0):
+    rng = np.random.default_rng(seed)
+    return [tf.constant(rng.normal(size=tuple(v.shape)).astype(np.float32)) for v in model.trainable_variables]
+
+
+def _one_step(name, layer_decay, loss_scaled=False, weight_decay=None, zero=False):
+    """(weights before, weights after) of resnet_small after one compiled step with fixed gradients."""
+    model = build_model("resnet_small", SHAPE, 3, seed=0)
+    optimizer = make_optimizer(name, 0.01, weight_decay=weight_decay,
+                               decay_exempt_variables=decay_exempt(model, "resnet_small"),
+                               rate_factors=layer_rate_factors(model, "resnet_small", layer_decay))
+    if loss_scaled:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer.build(model.trainable_variables)
+    before = {v.path: v.numpy().copy() for v in model.trainable_variables}
+    gradients = [tf.zeros_like(g) for g in _gradients(model)] if zero else _gradients(model)
+    step = lambda: optimizer.apply_gradients(zip(gradients, model.trainable_variables))  # noqa: E731
+    # The trainer's step is compiled; Keras's own (unfused) updates trace slowly, so those run eagerly here.
+    (tf.function(step) if name in ("adam", "sgd") else step)()
+    return before, {v.path: v.numpy() for v in model.trainable_variables}
+
+
+def _step_size(before, after, path):
+    return float(np.linalg.norm(after[path].astype(np.float64) - before[path]))
+
+
+STAGE1 = "stage1_block0_1_conv/kernel"  # unit 0 of resnet_small's 4 stages
+STEM = "stem_conv/kernel"
+HEAD = "head_conv/kernel"
+
+
+@pytest.mark.parametrize("name, loss_scaled", [("adam", False), ("sgd", False), ("rmsprop", False),
+                                               ("lamb", False), ("adam", True)],
+                         ids=["adam", "sgd", "rmsprop", "lamb", "adam-loss-scaled"])
+def test_block0_moves_layer_decay_to_the_L_as_far_as_the_head(name, loss_scaled):
+    plain_before, plain = _one_step(name, None, loss_scaled)
+    decayed_before, decayed = _one_step(name, DECAY, loss_scaled)
+    ratio = {path: _step_size(decayed_before, decayed, path) / _step_size(plain_before, plain, path)
+             for path in (STAGE1, STEM, HEAD)}
+    assert ratio[HEAD] == pytest.approx(1.0, abs=1e-6)
+    assert ratio[STAGE1] / ratio[HEAD] == pytest.approx(DECAY ** 4, abs=1e-5)
+    assert ratio[STEM] / ratio[HEAD] == pytest.approx(DECAY ** 5, abs=1e-5)
+
+
+def test_decoupled_weight_decay_follows_the_layer_rate():
+    # Zero gradients: Adam's step is zero, what moves is var * weight_decay * rate.
+    before, after = _one_step("adamw", DECAY, weight_decay=0.1, zero=True)
+    for path, factor in ((STAGE1, DECAY ** 4), (STEM, DECAY ** 5), (HEAD, 1.0)):
+        np.testing.assert_allclose(after[path], before[path] * (1 - 0.1 * 0.01 * factor), rtol=1e-6)
+    np.testing.assert_array_equal(after["stem_bn/gamma"], before["stem_bn/gamma"])
+
+
+def test_without_layer_decay_the_optimizer_has_no_factors():
+    model = build_model("resnet_small", SHAPE, 3, seed=0)
+    assert layer_rate_factors(model, "resnet_small", None) == ()
+    assert make_optimizer("adam", 0.1).rate_factors == ()
+
+
+@pytest.fixture(scope="module")
+def convnext_and_vit():
+    return {name: build_model(name, SHAPE, 3, seed=0) for name in ("convnext_tiny", "vit_small_patch16")}
+
+
+def test_declared_exemptions_hold_for_layer_scales_position_table_and_attention_biases(convnext_and_vit):
+    for name, model in convnext_and_vit.items():
+        optimizer = make_optimizer("adamw", 0.1, weight_decay=0.5,
+                                   decay_exempt_variables=decay_exempt(model, name))
+        before = {v.path: v.numpy().copy() for v in model.trainable_variables}
+        optimizer.apply_gradients([(tf.zeros_like(v), v) for v in model.trainable_variables])
+        after = {v.path: v.numpy() for v in model.trainable_variables}
+        kept = [path for path in before if np.array_equal(before[path], after[path])]
+        if name == "convnext_tiny":
+            # Layer scales are (1, 1, C, 1) depthwise kernels here: no shape rule would find them.
+            scales = [path for path in before if path.endswith("_layer_scale/kernel")]
+            assert len(scales) == 18 and set(scales) <= set(kept)
+        else:
+            # The position table is a Dense kernel of (1, tokens * width); the attention biases are (heads, size).
+            assert "vit_position_embedding/kernel" in kept
+            assert "vit_block0_attention/query/bias" in kept and before["vit_block0_attention/query/bias"].ndim == 2
+        decayed = [path for path in before if path.endswith("/kernel") and path not in kept]
+        assert decayed and all(np.allclose(after[p], before[p] * 0.95, rtol=1e-6) for p in decayed[:3])
+
+
+def test_units_of_convnext_and_vit(convnext_and_vit):
+    factors = {name: {v.path: f for v, f in layer_rate_factors(model, name, DECAY)}
+               for name, model in convnext_and_vit.items()}
+    convnext, vit = factors["convnext_tiny"], factors["vit_small_patch16"]
+    assert convnext["convnext_tiny_stem_conv/kernel"] == DECAY ** 5
+    assert convnext["convnext_tiny_stage_0_block_2_depthwise_conv/kernel"] == DECAY ** 4
+    # The downsampling in front of stage 1 belongs to stage 1.
+    assert convnext["convnext_tiny_downsampling_conv_0/kernel"] == DECAY ** 3
+    assert convnext["convnext_tiny_stage_3_block_2_layer_scale/kernel"] == DECAY
+    assert "convnext_tiny_layer_normalization_0/gamma" not in convnext and "head_dense/kernel" not in convnext
+    assert vit["vit_patch_embedding/kernel"] == vit["vit_position_embedding/kernel"] == DECAY ** 13
+    assert vit["vit_block0_attention/query/kernel"] == DECAY ** 12
+    assert vit["vit_block11_mlp2/bias"] == DECAY
+    assert "vit_norm/gamma" not in vit and "head_dense/bias" not in vit
+
+
+def test_a_layer_the_family_does_not_declare_is_refused():
+    inputs = keras.Input(SHAPE)
+    x = keras.layers.Conv2D(3, 3, name="conv2d_7")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head_dense")(x))
+    with pytest.raises(ModelError, match="layer_decay: cannot tell which of resnet_small's 4 stages layer 'conv2d_7'"):
+        layer_rate_factors(model, "resnet_small", DECAY)
+    with pytest.raises(ModelError, match="^project.json: layer_decay: cannot tell"):
+        layer_rate_factors(model, "resnet_small", DECAY, "project.json")
+    assert layer_rate_factors(model, "resnet_small", None) == ()
+
+
+@pytest.mark.parametrize("value, message", [(0, "must be > 0.0"), (1.5, "must be <= 1.0"), ("x", "must be a number")])
+def test_layer_decay_is_validated(tmp_path, value, message):
+    (tmp_path / "project.json").write_text(json.dumps({"layer_decay": value}))
+    with pytest.raises(ConfigError, match=f"layer_decay: {message}"):
+        load_config(tmp_path)
+    (tmp_path / "project.json").write_text("{}")
+    assert load_config(tmp_path).layer_decay is None
+
+
+LATER_EXPORTS = ["model-resnet_small.e2.keras", "model-resnet_small.keras"]
+
+
+@pytest.mark.slow
+def test_layer_decay_resumes_exactly(tmp_path, sample_dataset):
+    from deepdanbooru.training.loop import SliceTrainer
+    from deepdanbooru.training.strategy import choose_strategy
+    from deepdanbooru.training.train import plan_training, train_project
+
+    reference = make_project(tmp_path / "reference", *sample_dataset, optimizer="adamw", layer_decay=0.6,
+                             learning_rate=0.01, lr_schedule="warmup_cosine", warmup_epochs=0.5)
+    train_project(reference, echo=lambda line: None)
+    assert (read_state(reference)["used_epoch"], read_state(reference)["used_minibatch"]) == (2, 12)
+    # Killed after the first slice of epoch 2 (ckpt-4).
+    project = killed_copy(reference, tmp_path / "resumed", "ckpt-4", LATER_EXPORTS)
+    train_project(project, echo=lambda line: None)
+    for name in LATER_EXPORTS:
+        assert_same_weights(reference / name, project / name)
+    # The run did train with the per-stage rates: the trainer's optimizer holds them.
+    plan = plan_training(project)
+    trainer = SliceTrainer(plan, choose_strategy(plan.devices, plan.role), [], lambda line: None)
+    inner = getattr(trainer.optimizer, "inner_optimizer", trainer.optimizer)
+    factors = {v.path: f for v, f in inner.rate_factors}
+    assert factors["stem_conv/kernel"] == pytest.approx(0.6 ** 5) and "head_conv/kernel" not in factors

@@ -505,20 +505,26 @@ def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="The model to bundle [default: the project's final export].")
 @_record_options("Thresholds and metrics: ")
-@click.option("--overwrite", is_flag=True, help="Replace the bundle files in SAVE_PATH.")
+@click.option("--size", type=click.IntRange(min=1), default=448, show_default=True,
+              help="The ONNX input's side in pixels (kohya's tagger always feeds 448); the graph resizes to the "
+                   "model's own size.")
+@click.option("--overwrite", is_flag=True, help="Replace the bundle in SAVE_PATH.")
 @_ALLOW_GPU
 @_BATCH_SIZE
-def export_bundle(project_path, save_path, model_path, split, start_id, end_id, overwrite, allow_gpu, batch_size):
+def export_bundle(project_path, save_path, model_path, split, start_id, end_id, size, overwrite, allow_gpu,
+                  batch_size):
     """Write SAVE_PATH as a WD-tagger-style bundle for today's tagger tools.
 
-    model.onnx (BGR 0-255 white-padded square input, conversion folded in),
-    selected_tags.csv, thresholds.csv, metrics.json and preprocess.json; see
+    model.onnx (BGR 0-255 white-padded square input; conversion and resize
+    folded in; four WD rating rows, then general, then character),
+    selected_tags.csv with per-tag thresholds, metrics.json and
+    preprocess.json, measured on pictures fed as the tools feed them; see
     docs/evaluation.md. Needs the optional packages: pip install 'deepdanbooru[onnx]'.
     """
     from deepdanbooru.inference.bundle import export_bundle as export
 
     export(project_path, save_path, model_path=model_path, split=split, start_id=start_id, end_id=end_id,
-           overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
+           size=size, overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
 
 
 def run():

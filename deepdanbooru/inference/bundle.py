@@ -96,7 +96,7 @@ def area_matrix(source: int, target: int) -> np.ndarray:
 def area_resize(images: np.ndarray, height: int, width: int) -> np.ndarray:
     """numpy [b, h, w, c] -> [b, height, width, c] with the in-graph resize's arithmetic."""
     rows, columns = area_matrix(images.shape[1], height), area_matrix(images.shape[2], width)
-    return np.einsum("oh,bhwc,pw->bopc", rows, images, columns).astype(np.float32)
+    return np.einsum("pw,bowc->bopc", columns, np.einsum("oh,bhwc->bowc", rows, images)).astype(np.float32)
 
 
 def preprocess_description(size: int, model_size, plan: BundleRows, tags) -> dict:

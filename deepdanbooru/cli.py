@@ -364,6 +364,9 @@ def _exit_if_skipped(summary):
 @click.option("--folder-filters", default=DEFAULT_FOLDER_FILTERS, show_default=True,
               help="Comma-separated file-name patterns for the images in folders.")
 @click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2').")
+@click.option("--alpha", type=click.Choice(["white", "drop"]), default="white", show_default=True,
+              help="Transparent PNG / WebP pictures: composited onto white, as the WD tagger tools do, or drop "
+                   "the alpha channel (the colours stored under it; before this option, always).")
 @_ALLOW_GPU
 @click.option("--compile/--no-compile", "compile_model", default=True, show_default=True,
               help="Run the model as a traced TensorFlow graph (--no-compile: eagerly, slower; for debugging).")
@@ -371,7 +374,7 @@ def _exit_if_skipped(summary):
 @_FORMAT
 @_BATCH_SIZE
 def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds_csv, allow_folder,
-             folder_filters, save_txt, allow_gpu, compile_model, verbose, output_format, batch_size):
+             folder_filters, save_txt, alpha, allow_gpu, compile_model, verbose, output_format, batch_size):
     """Tag the images TARGETS (files, or folders with --allow-folder).
 
     Images that cannot be read are named on stderr and skipped; the exit code
@@ -381,7 +384,8 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
 
     options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
                              folder_filters=folder_filters, save_txt=save_txt, output_format=output_format,
-                             batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose)
+                             batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose,
+                             alpha=alpha)
     summary = run_evaluate(targets, options, project_path=project_path, model_path=model_path, tags_path=tags_path,
                            echo=click.echo)
     _exit_if_skipped(summary)

@@ -220,6 +220,8 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
         "model": str(files.model), "split": split, "start_id": start_id, "end_id": end_id,
         "records": len(records), "skipped": len(measured.skipped), "measured_as": description["expected_input"],
         "rows": [plan.rows[position].name for position in plan.measured], "constant_rows": plan.constant,
+        # How the model was trained to see pictures, beside how the tools show them (measured_as).
+        "project_padding": config.padding, "project_alpha": config.alpha,
         "category_thresholds": thresholds})
     write_text_atomic(directory / PREPROCESS_FILE, json.dumps(description, indent=2) + "\n")
     for name in STALE_FILES:

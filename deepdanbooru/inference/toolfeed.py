@@ -39,7 +39,14 @@ def tool_picture(path, size: int, max_image_pixels: int | None = None) -> np.nda
     with Image.open(path) as opened:
         if max_image_pixels is not None and opened.width * opened.height > max_image_pixels:
             raise ValueError(f"oversized: {opened.width}x{opened.height} is over max_image_pixels {max_image_pixels}")
-        picture = on_white(opened)
+        return tool_array(opened, size)
+
+
+def tool_array(image, size: int) -> np.ndarray:
+    """A Pillow image as the tools feed it: float32 [size, size, 3], BGR, 0-255."""
+    from PIL import Image
+
+    picture = on_white(image)
     side = max(picture.size)
     square = Image.new("RGB", (side, side), WHITE)
     square.paste(picture, ((side - picture.width) // 2, (side - picture.height) // 2))

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 
 tf = pytest.importorskip("tensorflow")
 
-from deepdanbooru.pipeline import Augmentation, Fill, TrainingInput, inference_dataset, preprocess_for_inference  # noqa: E402
-from deepdanbooru.pipeline import training_dataset  # noqa: E402
+from deepdanbooru.pipeline import (  # noqa: E402
+    Augmentation, Fill, TrainingInput, preprocess_for_inference, training_dataset,
+)
 
 LIMIT = 10_000_000
 

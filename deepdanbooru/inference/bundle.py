@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deepdanbooru.errors import DatasetError, ModelError, TagsError, UserError, file_field
+from deepdanbooru.errors import ModelError, TagsError, UserError, file_field
 from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
 from deepdanbooru.inference.bundle_rows import BundleRows, plan_rows
 from deepdanbooru.project import categories as cat

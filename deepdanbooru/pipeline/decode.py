@@ -98,8 +98,9 @@ def _decode_checked(data, head, image_format, ratio_index, alpha_on_white=False)
 def decode_image_bytes(data, max_image_pixels, fill: Fill = Fill()):
     """Decode JPEG, PNG, GIF, BMP or WebP bytes (a scalar string tensor) to RGB uint8 [height, width, 3].
 
-    Alpha is dropped (composited onto white with fill.alpha "white"), grayscale expanded, 16-bit reduced to 8, animations give
-    their first frame. Unknown formats and images whose header declares more
+    Alpha is dropped (PNG and WebP alpha composited onto white with fill.alpha
+    "white"), grayscale expanded, 16-bit reduced to 8, animations give their
+    first frame. Unknown formats and images whose header declares more
     than `max_image_pixels` pixels raise InvalidArgumentError before any pixel
     is decoded. Works in graph mode (tf.data) and eagerly.
     """

@@ -164,6 +164,7 @@ def test_kohya_reads_the_rows_by_position_from_a_448_batch_of_alpha_pictures(bun
     assert general == tags[:GENERAL] and character == tags[GENERAL:GENERAL + CHARACTER]  # copyright left out
     batch = np.stack([tool_feed(path) for path in alpha_pictures(tmp_path)])
     probs, session = run_bundle(bundle, batch)
+    assert len(session.get_inputs()) == 1  # kohya reads graph.input[0]; a symbolic batch keeps its --batch_size
     model_input = session.get_inputs()[0]
     assert isinstance(model_input.shape[0], str) and model_input.shape[1:] == [448, 448, 3]
     assert session.get_outputs()[0].name == "predictions_sigmoid"

@@ -364,17 +364,17 @@ def _exit_if_skipped(summary):
 @click.option("--folder-filters", default=DEFAULT_FOLDER_FILTERS, show_default=True,
               help="Comma-separated file-name patterns for the images in folders.")
 @click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2').")
-@click.option("--alpha", type=click.Choice(["white", "drop"]), default="white", show_default=True,
-              help="Transparent PNG / WebP pictures: composited onto white, as the WD tagger tools do, or drop "
-                   "the alpha channel (the colours stored under it; before this option, always).")
 @_ALLOW_GPU
 @click.option("--compile/--no-compile", "compile_model", default=True, show_default=True,
               help="Run the model as a traced TensorFlow graph (--no-compile: eagerly, slower; for debugging).")
 @click.option("--verbose", is_flag=True, help="Print the model used, progress and throughput on stderr.")
+@click.option("--alpha", type=click.Choice(["white", "drop"]), default="white", show_default=True,
+              help="Transparent PNG / WebP pictures: composited onto white, as the WD tagger tools do, or drop "
+                   "the alpha channel (the colours stored under it; before this option, always).")
 @_FORMAT
 @_BATCH_SIZE
 def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds_csv, allow_folder,
-             folder_filters, save_txt, alpha, allow_gpu, compile_model, verbose, output_format, batch_size):
+             folder_filters, save_txt, allow_gpu, compile_model, verbose, alpha, output_format, batch_size):
     """Tag the images TARGETS (files, or folders with --allow-folder).
 
     Images that cannot be read are named on stderr and skipped; the exit code

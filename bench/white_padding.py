@@ -9,8 +9,13 @@ a square picture the two agree. Each validation image is centre-cropped to
 every aspect ratio (width / height) in --aspects, then scored both ways by
 the same model with the same labels:
 
-- replicated: pipeline.preprocess_for_inference (what evaluate does);
-- white: white padding to a square, area resize (what the tools feed the bundle).
+- ours: pipeline.preprocess_for_inference with the project's padding and
+  alpha keys (what evaluate and validation do; border replication by default);
+- tools: white padding to a square, area resize (what the tools feed the bundle:
+  inference.toolfeed, flipped back to RGB [0, 1]).
+
+Run it on a model trained with `padding: white` to see what training with the
+tools' padding recovers.
 
 Cropping can cut a shape, so compare the two columns of one aspect, not
 aspects with each other. Printed: the validation figures of each, the mean
@@ -44,12 +49,9 @@ def crop(image, aspect: float):
 
 
 def white_padded(image, size: int) -> np.ndarray:
-    from PIL import Image
+    from deepdanbooru.inference.toolfeed import tool_array
 
-    side = max(image.size)
-    square = Image.new("RGB", (side, side), (255, 255, 255))
-    square.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
-    return np.asarray(square.resize((size, size), Image.Resampling.BOX), dtype=np.float32) / 255.0
+    return np.ascontiguousarray(tool_array(image, size)[:, :, ::-1]) / 255.0
 
 
 def main() -> None:
@@ -65,7 +67,7 @@ def main() -> None:
     from deepdanbooru.inference.model_files import resolve_model_files
     from deepdanbooru.inference.project_metrics import select_records
     from deepdanbooru.models.files import load_model_file
-    from deepdanbooru.pipeline import preprocess_for_inference
+    from deepdanbooru.pipeline import Fill, preprocess_for_inference
     from deepdanbooru.project.config import load_config
     from deepdanbooru.project.tags import load_tags
     from deepdanbooru.scoring.metrics import ValidationMetrics
@@ -85,34 +87,36 @@ def main() -> None:
             if tag in index:
                 labels[row, index[tag]] = 1.0
     sources = [Image.open(path).convert("RGB") for path in records.paths()]
-    summary = {"model": str(files.model), "records": len(records), "aspects": {}}
-    print(f"{files.model}: {len(records)} validation images, input {size}x{size}")
+    summary = {"model": str(files.model), "records": len(records), "padding": config.padding, "aspects": {}}
+    fill = Fill.from_config(config)
+    print(f"{files.model}: {len(records)} validation images, input {size}x{size}, padding {fill.padding}, "
+          f"alpha {fill.alpha}")
     for aspect in [float(value) for value in arguments.aspects.split(",")]:
-        replicated, white = [], []
+        ours, tools = [], []
         for image in sources:
             cut = crop(image, aspect)
             encoded = io.BytesIO()
             cut.save(encoded, format="PNG")
-            replicated.append(preprocess_for_inference(tf.constant(encoded.getvalue()), height=size, width=size,
-                                                       max_image_pixels=config.max_image_pixels).numpy())
-            white.append(white_padded(cut, size))
+            ours.append(preprocess_for_inference(tf.constant(encoded.getvalue()), height=size, width=size,
+                                                 max_image_pixels=config.max_image_pixels, fill=fill).numpy())
+            tools.append(white_padded(cut, size))
         scores = {}
         results = {}
-        for name, images in (("replicated", replicated), ("white", white)):
+        for name, images in (("ours", ours), ("tools", tools)):
             scores[name] = np.concatenate([np.asarray(model(np.stack(images[i:i + 64]), training=False))
                                            for i in range(0, len(images), 64)])
             metrics = ValidationMetrics(len(tags), threshold=config.validation_threshold)
             metrics.update(np.clip(scores[name], 0, 1), labels)
             result = metrics.result()
             results[name] = {key: result[key] for key in FIGURES}
-        difference = np.abs(scores["white"] - scores["replicated"])
+        difference = np.abs(scores["tools"] - scores["ours"])
         entry = {**results, "mean_abs_score_difference": float(difference.mean()),
                  "max_abs_score_difference": float(difference.max())}
         summary["aspects"][f"{aspect:g}"] = entry
         print(f"aspect {aspect:g} (width/height):")
         for key in FIGURES:
-            a, b = results["replicated"][key], results["white"][key]
-            print(f"  {key:<14} replicated {a:.4f}  white {b:.4f}  change {b - a:+.4f}")
+            a, b = results["ours"][key], results["tools"][key]
+            print(f"  {key:<14} ours {a:.4f}  tools {b:.4f}  change {b - a:+.4f}")
         print(f"  scores differ by {entry['mean_abs_score_difference']:.4f} on average, "
               f"{entry['max_abs_score_difference']:.4f} at most")
     print(json.dumps(summary))

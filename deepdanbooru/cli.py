@@ -392,11 +392,14 @@ def _exit_if_skipped(summary):
 @click.option("--compile/--no-compile", "compile_model", default=True, show_default=True,
               help="Run the model as a traced TensorFlow graph (--no-compile: eagerly, slower; for debugging).")
 @click.option("--verbose", is_flag=True, help="Print the model used, progress and throughput on stderr.")
+@click.option("--alpha", type=click.Choice(["white", "drop"]), default="white", show_default=True,
+              help="Transparent PNG / WebP pictures: composited onto white, as the WD tagger tools do, or drop "
+                   "the alpha channel (the colours stored under it; before this option, always).")
 @_FORMAT
 @_BATCH_SIZE
 def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds_csv, allow_folder,
              folder_filters, general_threshold, character_threshold, undesired_tags, order_by_score, save_txt,
-             caption_extension, overwrite, append, remove_underscore, allow_gpu, compile_model, verbose,
+             caption_extension, overwrite, append, remove_underscore, allow_gpu, compile_model, verbose, alpha,
              output_format, batch_size):
     """Tag the images TARGETS (files, or folders with --allow-folder).
 
@@ -412,7 +415,8 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
                              folder_filters=folder_filters, save_txt=save_txt, caption=caption,
                              general_threshold=general_threshold, character_threshold=character_threshold,
                              undesired_tags=undesired_tags, order_by_score=order_by_score, output_format=output_format,
-                             batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose)
+                             batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose,
+                             alpha=alpha)
     summary = run_evaluate(targets, options, project_path=project_path, model_path=model_path, tags_path=tags_path,
                            echo=click.echo)
     _exit_if_skipped(summary)
@@ -536,20 +540,26 @@ def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="The model to bundle [default: the project's final export].")
 @_record_options("Thresholds and metrics: ")
-@click.option("--overwrite", is_flag=True, help="Replace the bundle files in SAVE_PATH.")
+@click.option("--size", type=click.IntRange(min=1), default=448, show_default=True,
+              help="The ONNX input's side in pixels (kohya's tagger always feeds 448); the graph resizes to the "
+                   "model's own size.")
+@click.option("--overwrite", is_flag=True, help="Replace the bundle in SAVE_PATH.")
 @_ALLOW_GPU
 @_BATCH_SIZE
-def export_bundle(project_path, save_path, model_path, split, start_id, end_id, overwrite, allow_gpu, batch_size):
+def export_bundle(project_path, save_path, model_path, split, start_id, end_id, size, overwrite, allow_gpu,
+                  batch_size):
     """Write SAVE_PATH as a WD-tagger-style bundle for today's tagger tools.
 
-    model.onnx (BGR 0-255 white-padded square input, conversion folded in),
-    selected_tags.csv, thresholds.csv, metrics.json and preprocess.json; see
+    model.onnx (BGR 0-255 white-padded square input; conversion and resize
+    folded in; four WD rating rows, then general, then character),
+    selected_tags.csv with per-tag thresholds, metrics.json and
+    preprocess.json, measured on pictures fed as the tools feed them; see
     docs/evaluation.md. Needs the optional packages: pip install 'deepdanbooru[onnx]'.
     """
     from deepdanbooru.inference.bundle import export_bundle as export
 
     export(project_path, save_path, model_path=model_path, split=split, start_id=start_id, end_id=end_id,
-           overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
+           size=size, overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
 
 
 def run():

@@ -58,6 +58,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--end-id", "last post id", deepdanbooru=True),
     Term("--use-deleted", "also use posts marked deleted", deepdanbooru=True),
     Term("--split", "which records to measure: the validation split or all"),
+    Term("--alpha", "what becomes of a picture's transparency: composited onto white, or dropped"),
     Term("--minimum-post-count", "least posts a tag must occur in", ("--min-count",), deepdanbooru=True),
     Term("--limit", "most tags", deepdanbooru=True),
     Term("--system-tags", "keep the rating:* system tags (--no-system-tags drops them)"),

@@ -1,13 +1,15 @@
-"""export-bundle: a model in the layout of the WD tagger bundle that today's tagger tools load.
+"""export-bundle: a model in the layout of the WD tagger bundle, as today's tagger tools read it.
 
 Those tools (kohya's tag_images_by_wd14_tagger, the WebUI tagger extensions,
-ONNX tagger front-ends) read `selected_tags.csv`, pad an image to a square
-with white, resize it to the model's size, flip it to BGR and feed float32
-values in 0-255 to `model.onnx`, whose outputs are in the CSV's row order.
-Our models want RGB in [0, 1] and outputs in tags.txt order, so the channel
-flip, the scaling and the reordering are folded into the ONNX graph; the
-padding cannot be (the tool has done it before the model sees the image):
-docs/evaluation.md gives its measured cost.
+SmilingWolf's wd-tagger space) read `selected_tags.csv`, composite alpha onto
+white, pad the picture to a square with white, resize it (kohya: always to
+448), flip it to BGR and feed float32 values 0-255 to `model.onnx`, reading
+the scores by position: four ratings, then general tags, then characters
+(bundle_rows). Our models want RGB in [0, 1] at their own size and answer in
+tags.txt order, so the channel flip, the scaling, the resize to the model's
+size and the row mapping are folded into the ONNX graph, and the thresholds
+and metrics are measured on pictures prepared as the tools prepare them
+(toolfeed), through that graph.
 """
 
 from __future__ import annotations
@@ -20,20 +22,22 @@ from pathlib import Path
 
 import numpy as np
 
-from deepdanbooru.errors import ModelError, UserError, file_field
+from deepdanbooru.errors import ModelError, TagsError, UserError, file_field
 from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
+from deepdanbooru.inference.bundle_rows import BundleRows, plan_rows
 from deepdanbooru.project import categories as cat
 from deepdanbooru.project.tags import tag_counts
 
 MODEL_FILE = "model.onnx"
 TAGS_FILE = "selected_tags.csv"
-THRESHOLDS_FILE = "thresholds.csv"
 METRICS_FILE = "metrics.json"
 PREPROCESS_FILE = "preprocess.json"
-BUNDLE_FILES = (MODEL_FILE, TAGS_FILE, THRESHOLDS_FILE, METRICS_FILE, PREPROCESS_FILE)
-TAG_COLUMNS = ("tag_id", "name", "category", "count")
-# The bundle's row order: ratings, general, character (what the tools expect), then any other category.
-CATEGORY_ORDER = (cat.RATING, cat.GENERAL, cat.CHARACTER, cat.COPYRIGHT, cat.ARTIST, cat.META)
+BUNDLE_FILES = (MODEL_FILE, TAGS_FILE, METRICS_FILE, PREPROCESS_FILE)
+# Earlier bundles had their thresholds in a second CSV; a tool's local-folder loader takes one .csv only.
+STALE_FILES = ("thresholds.csv",)
+# The threshold columns come after WD's four, as animetimm's bundles carry theirs (the tools read by name).
+TAG_COLUMNS = ("tag_id", "name", "category", "count", "best_threshold", "best_f1")
+DEFAULT_SIZE = 448  # kohya's tagger feeds 448 whatever the model
 INPUT_NAME = "input"
 OUTPUT_NAME = "predictions_sigmoid"  # the WD models' output name; some tools look it up by name
 
@@ -41,68 +45,101 @@ OUTPUT_NAME = "predictions_sigmoid"  # the WD models' output name; some tools lo
 @dataclass(frozen=True)
 class BundleReport:
     directory: Path
-    tags: int
+    rows: int
     max_abs_difference: float
     samples: int
     thresholds: dict
+    dropped: dict
 
 
-def bundle_order(categories) -> list[int]:
-    """tags.txt indices in the bundle's row order; a tag of unknown category counts as general."""
-    known = [cat.GENERAL if value is None else value for value in categories]
-    rank = {category: position for position, category in enumerate(CATEGORY_ORDER)}
-    return sorted(range(len(known)), key=lambda index: (rank.get(known[index], len(rank)), index))
-
-
-def selected_tags_csv(tags, categories, counts, order) -> str:
+def selected_tags_csv(plan: BundleRows, n_tags: int, counts, per_tag) -> str:
+    """WD's columns plus the per-tag F1-optimal threshold and its F1 (empty on the constant rating rows)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(TAG_COLUMNS)
-    for index in order:
-        category = cat.GENERAL if categories[index] is None else categories[index]
-        # Danbooru's tag ids are unknown here; the tags.txt line index keeps the column unique and stable.
-        writer.writerow((index, tags[index], category, counts[index]))
+    measured = {position: rank for rank, position in enumerate(plan.measured)}
+    for position, row in enumerate(plan.rows):
+        # Danbooru's tag ids are unknown here: the tags.txt line index (past its end for the constant rows).
+        tag_id = n_tags + position if row.source is None else row.source
+        count = 0 if row.source is None else counts[row.source]
+        if position in measured:
+            rank = measured[position]
+            extra = (repr(float(per_tag["threshold"][rank])), f"{float(per_tag['f1'][rank]):.6f}")
+        else:
+            extra = ("", "")
+        writer.writerow((tag_id, row.name, row.category, count, *extra))
     return buffer.getvalue()
 
 
 def category_thresholds(result: dict) -> dict:
-    """The general and character thresholds of the bundle: each category's P=R point (docs/metrics.md);
-    without categories.json the overall P=R point serves as the general one."""
-    general = result.get("general_pr_threshold", result["pr_threshold"])
-    return {"general": general, "character": result.get("character_pr_threshold")}
+    """The general and character thresholds of the bundle: each category's P=R point (docs/metrics.md)."""
+    return {"general": result.get("general_pr_threshold", result["pr_threshold"]),
+            "character": result.get("character_pr_threshold")}
 
 
-def preprocess_description(height: int, width: int) -> dict:
+def area_matrix(source: int, target: int) -> np.ndarray:
+    """float32 [target, source]: output pixel i averages the input over [i, i + 1) * source / target (area)."""
+    scale = source / target
+    edges = np.arange(target + 1, dtype=np.float64) * scale
+    pixels = np.arange(source, dtype=np.float64)
+    overlap = np.minimum(edges[1:, None], pixels[None, :] + 1) - np.maximum(edges[:-1, None], pixels[None, :])
+    return (np.clip(overlap, 0.0, None) / scale).astype(np.float32)
+
+
+def area_resize(images: np.ndarray, height: int, width: int) -> np.ndarray:
+    """numpy [b, h, w, c] -> [b, height, width, c] with the in-graph resize's arithmetic."""
+    rows, columns = area_matrix(images.shape[1], height), area_matrix(images.shape[2], width)
+    return np.einsum("pw,bowc->bopc", columns, np.einsum("oh,bhwc->bowc", rows, images)).astype(np.float32)
+
+
+def preprocess_description(size: int, model_size, plan: BundleRows, tags) -> dict:
+    from deepdanbooru.inference.toolfeed import DESCRIPTION
+
+    height, width = model_size
+    resize = "none" if (height, width) == (size, size) else f"area average {size}x{size} -> {height}x{width}"
     return {
         "input_name": INPUT_NAME,
         "output_name": OUTPUT_NAME,
         "layout": "NHWC",
         "dtype": "float32",
-        "height": height,
-        "width": width,
+        "height": size,
+        "width": size,
         "channel_order": "BGR",
         "value_range": [0, 255],
-        "padding": "pad to a square with white (255, 255, 255), image centred, before resizing",
-        "resize": f"area (shrinking) to {height}x{width}",
-        "in_graph": "BGR -> RGB, / 255, outputs reordered to selected_tags.csv",
+        "expected_input": DESCRIPTION.format(size=size),
+        "in_graph": ["BGR -> RGB", "/ 255", f"resize: {resize}", "the model",
+                     "rows mapped to selected_tags.csv; a constant rating row scores 0"],
+        "model_input_size": [height, width],
+        "rows": {"rating": len(plan.positions(cat.RATING)), "general": len(plan.positions(cat.GENERAL)),
+                 "character": len(plan.positions(cat.CHARACTER))},
+        "ratings": plan.rating_sources(tags),
+        "dropped": {label: len(names) for label, names in plan.dropped.items()},
         "tags": TAGS_FILE,
     }
 
 
-def tool_graph(model, order):
-    """tf.function: BGR 0-255 NHWC -> our RGB [0, 1] -> model -> outputs in bundle order."""
+def tool_graph(model, sources, size: int):
+    """tf.function: BGR 0-255 NHWC at size x size -> our RGB [0, 1] at the model's size -> model -> bundle rows."""
     import tensorflow as tf
 
-    height, width = model.input_shape[1:3]
-    order = [int(index) for index in order]
+    height, width = (int(value) for value in model.input_shape[1:3])
+    n_tags = int(model.output_shape[-1])
+    # A constant row reads the zero column appended after the model's outputs.
+    order = [n_tags if source is None else int(source) for source in sources]
+    resize = (height, width) != (size, size)
+    rows, columns = area_matrix(size, height), area_matrix(size, width)
 
     def predict(image):
         rgb = tf.reverse(image, axis=[-1]) * (1.0 / 255.0)
+        if resize:
+            # Constants made inside the function: a tensor captured from outside would become an ONNX input.
+            rgb = tf.einsum("oh,bhwc->bowc", tf.constant(rows), rgb)
+            rgb = tf.einsum("pw,bowc->bopc", tf.constant(columns), rgb)
         scores = tf.cast(model(rgb, training=False), tf.float32)
-        # Made inside the function: a tensor captured from outside would become an ONNX input.
+        scores = tf.concat([scores, tf.zeros_like(scores[:, :1])], axis=1)
         return tf.gather(scores, tf.constant(order, dtype=tf.int32), axis=1)
 
-    signature = (tf.TensorSpec((None, height, width, 3), tf.float32, name=INPUT_NAME),)
+    signature = (tf.TensorSpec((None, size, size, 3), tf.float32, name=INPUT_NAME),)
     return tf.function(predict, input_signature=signature, autograph=False), signature
 
 
@@ -116,67 +153,96 @@ def _check_destination(directory: Path, overwrite: bool) -> None:
         raise UserError(file_field(directory, None, "is a file; give a folder for the bundle"))
     if not directory.parent.is_dir():
         raise UserError(file_field(directory.parent, None, "folder does not exist"))
-    if overwrite or not directory.is_dir():
+    if not directory.is_dir():
         return
-    present = [name for name in BUNDLE_FILES if (directory / name).exists()]
-    if present:
-        raise UserError(file_field(directory / present[0], None,
-                                   "already exists; use --overwrite to replace the bundle"))
+    present = sorted(path.name for path in directory.iterdir())
+    if present and not overwrite:
+        raise UserError(file_field(directory, None, f"already exists and holds {present[0]}; use --overwrite to "
+                                                    "replace the bundle"))
+    # A tool's local-folder loader wants exactly one .csv and one .onnx in the folder.
+    ours = set(BUNDLE_FILES) | set(STALE_FILES)
+    foreign = [name for name in present if name not in ours and name.lower().endswith((".csv", ".onnx"))]
+    if foreign:
+        raise UserError(file_field(directory / foreign[0], None, "is not a bundle file, and the tools want one "
+                                                                 ".csv and one .onnx in the folder; move it away"))
 
 
 def export_bundle(project_path, directory, *, model_path=None, split="validation", start_id=None, end_id=None,
-                  overwrite=False, batch_size=32, allow_gpu=False, echo=print) -> BundleReport:
-    """Measure the model on the project's split, convert it with the tools' input convention, verify, write."""
+                  size=DEFAULT_SIZE, overwrite=False, batch_size=32, allow_gpu=False, echo=print) -> BundleReport:
+    """Convert the model with the tools' input and rows, measure it as they feed it, verify, write."""
     from deepdanbooru.dataset.records import load_records
     from deepdanbooru.inference.convert import FLOAT_TOLERANCE, require_onnx
     from deepdanbooru.inference.model_files import resolve_model_files
+    from deepdanbooru.inference.project_metrics import select_records
     from deepdanbooru.project.config import load_config
     from deepdanbooru.project.tags import load_tags
 
     directory = Path(directory)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise UserError(f"--size: must be a positive number of pixels, got {size!r}")
     _check_destination(directory, overwrite)
     config = load_config(project_path)
-    tags = load_tags(config.project_dir / "tags.txt")
-    categories = cat.tag_categories(tags, config.project_dir)
+    tags_path = config.project_dir / "tags.txt"
+    tags = load_tags(tags_path)
+    plan = plan_rows(tags, cat.tag_categories(tags, config.project_dir))
+    if not plan.positions(cat.GENERAL) and not plan.positions(cat.CHARACTER):
+        raise TagsError(file_field(tags_path, None, "has no general or character tag for the bundle"))
     files = resolve_model_files(project_path, model_path)
-    records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
-    counts = tag_counts(records.tag_strings, tags)
-    order = bundle_order(categories)
-
-    from deepdanbooru.inference.project_metrics import project_metrics, select_records
-
-    select_records(config, split, start_id, end_id)  # a split without records fails before the conversion
+    counts = tag_counts(load_records(config.require_database(), config.minimum_tag_count,
+                                  config.image_extensions).tag_strings, tags)
+    records = select_records(config, split, start_id, end_id)  # a split without records fails before converting
     require_onnx("export-bundle")  # imports TensorFlow (tf2onnx does): after the checks that do not need it
-    content, difference, samples, (height, width) = _convert(files.model, order, FLOAT_TOLERANCE, directory)
-    echo(f"Measuring {files.model} on the {split} split ...")
-    summary = project_metrics(project_path, model_path=model_path, split=split, start_id=start_id, end_id=end_id,
-                              batch_size=batch_size, allow_gpu=allow_gpu, echo=lambda *_: None)
 
-    result = summary.result
+    from deepdanbooru.inference.bundle_measure import measure_as_tools
+    from deepdanbooru.inference.predict import configure_devices
+
+    configure_devices(allow_gpu)
+    content, function, difference, samples, model_size = _convert(files.model, tags_path, len(tags), plan, size,
+                                                                  FLOAT_TOLERANCE, directory)
+    echo(f"Measuring {files.model} on the {split} split, pictures fed as the tools feed them ...")
+    measured = measure_as_tools(function, records, tags, plan, size, batch_size, config, echo)
+    result = measured.result
     thresholds = category_thresholds(result)
-    reordered = {**result, "per_tag": {key: np.asarray(values)[order] for key, values in result["per_tag"].items()}}
-    from deepdanbooru.scoring.metrics import write_metrics_json, write_thresholds_csv
+    description = preprocess_description(size, model_size, plan, tags)
+    from deepdanbooru.scoring.metrics import write_metrics_json
 
     directory.mkdir(exist_ok=True)
     # The model last: a folder with model.onnx is complete.
-    write_text_atomic(directory / TAGS_FILE, selected_tags_csv(tags, categories, counts, order))
-    write_thresholds_csv(directory / THRESHOLDS_FILE, [tags[index] for index in order], reordered)
+    write_text_atomic(directory / TAGS_FILE, selected_tags_csv(plan, len(tags), counts, result["per_tag"]))
     write_metrics_json(directory / METRICS_FILE, result, {
         "model": str(files.model), "split": split, "start_id": start_id, "end_id": end_id,
-        "records": summary.records, "skipped": len(summary.skipped), "category_thresholds": thresholds})
-    write_text_atomic(directory / PREPROCESS_FILE,
-                      json.dumps(preprocess_description(height, width), indent=2) + "\n")
+        "records": len(records), "skipped": len(measured.skipped), "measured_as": description["expected_input"],
+        "rows": [plan.rows[position].name for position in plan.measured], "constant_rows": plan.constant,
+        # How the model was trained to see pictures, beside how the tools show them (measured_as).
+        "project_padding": config.padding, "project_alpha": config.alpha,
+        "category_thresholds": thresholds})
+    write_text_atomic(directory / PREPROCESS_FILE, json.dumps(description, indent=2) + "\n")
+    for name in STALE_FILES:
+        (directory / name).unlink(missing_ok=True)
     write_bytes_atomic(directory / MODEL_FILE, content)
-    report = BundleReport(directory, len(tags), difference, samples, thresholds)
-    character = "n/a (no character tags)" if thresholds["character"] is None else f"{thresholds['character']:g}"
-    echo(f"Wrote {directory} ({MODEL_FILE}: {len(content):,} bytes, {len(tags)} tags)")
+    _report(echo, directory, content, plan, tags, difference, samples, thresholds, split, result)
+    return BundleReport(directory, len(plan.rows), difference, samples, thresholds,
+                        {label: len(names) for label, names in plan.dropped.items()})
+
+
+def _report(echo, directory, content, plan, tags, difference, samples, thresholds, split, result):
+    rows = {label: len(plan.positions(number)) for label, number in
+            (("rating", cat.RATING), ("general", cat.GENERAL), ("character", cat.CHARACTER))}
+    echo(f"Wrote {directory} ({MODEL_FILE}: {len(content):,} bytes; rows: {rows['rating']} rating, "
+         f"{rows['general']} general, {rows['character']} character)")
+    sources = plan.rating_sources(tags)
+    echo("Ratings: " + ", ".join(f"{name} <- {source or 'constant 0'}" for name, source in sources.items()))
+    if plan.dropped:
+        echo("Left out (the tools read by position): " + ", ".join(
+            f"{len(names)} {label} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            for label, names in plan.dropped.items()))
     echo(f"Largest absolute difference from Keras on {samples} sample inputs fed as BGR 0-255: {difference:.3g}")
-    echo(f"Thresholds (P=R on the {split} split): general {thresholds['general']:g}, character {character}; "
-         f"macro-F1 at 0.4: {result['macro_f1_040']:.4f}")
-    return report
+    character = "n/a (no character tags)" if thresholds["character"] is None else f"{thresholds['character']:g}"
+    echo(f"Thresholds (P=R on the {split} split, fed as the tools feed): general {thresholds['general']:g}, "
+         f"character {character}; macro-F1 at 0.4: {result['macro_f1_040']:.4f}")
 
 
-def _convert(model_file, order, tolerance, directory):
+def _convert(model_file, tags_path, n_tags, plan, size, tolerance, directory):
     from deepdanbooru.inference.convert import compare_outputs, float32_model, function_to_onnx, run_onnx, \
         sample_inputs
     from deepdanbooru.models.files import load_model_file
@@ -185,14 +251,19 @@ def _convert(model_file, order, tolerance, directory):
     shape = tuple(model.input_shape)
     if len(shape) != 4 or shape[1] is None or shape[1] != shape[2] or shape[3] != 3:
         raise ModelError(file_field(model_file, None, f"input shape {shape}: the tools feed square RGB images "
-                                                      "of a fixed size (image_height == image_width)"))
-    if int(model.output_shape[-1]) != len(order):
-        raise ModelError(file_field(model_file, None, f"{model.output_shape[-1]} outputs for {len(order)} tags"))
-    height, width = shape[1], shape[2]
+                                                      "(image_height == image_width)"))
+    if len(model.output_shape) != 2 or int(model.output_shape[-1]) != n_tags:
+        raise ModelError(file_field(model_file, "output", f"has shape {tuple(model.output_shape)}, but "
+                                                          f"{tags_path} lists {n_tags} tags"))
+    height, width = int(shape[1]), int(shape[2])
     model = float32_model(model)
-    function, signature = tool_graph(model, order)
+    function, signature = tool_graph(model, plan.sources, size)
     content = function_to_onnx(function, signature, output_names=[OUTPUT_NAME])
-    images = sample_inputs(height, width)
-    expected = np.asarray(model(images, training=False), dtype=np.float32)[:, order]
+    images = sample_inputs(size, size)
+    # Expected: the Keras model on the same pictures resized in numpy, rows picked in Python.
+    scores = np.asarray(model(area_resize(images, height, width), training=False), dtype=np.float32)
+    expected = np.stack([np.zeros(len(images), np.float32) if source is None else scores[:, source]
+                         for source in plan.sources], axis=1)
     actual = run_onnx(content, to_tool_input(images))
-    return content, compare_outputs(expected, actual, tolerance, directory / MODEL_FILE), len(images), (height, width)
+    difference = compare_outputs(expected, actual, tolerance, directory / MODEL_FILE)
+    return content, function, difference, len(images), (height, width)

@@ -44,6 +44,7 @@ class TaggingOptions:
     allow_gpu: bool = False
     compile_model: bool = True
     verbose: bool = False
+    alpha: str = "white"  # transparency composited onto white, as the tagger tools do; "drop": the stored colours
 
 
 def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_path=None, model_path=None,
@@ -88,7 +89,7 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
     from deepdanbooru.inference.predict import configure_devices, load_tagger
 
     devices = configure_devices(o.allow_gpu)
-    tagger = load_tagger(files, tags, compile_model=o.compile_model)
+    tagger = load_tagger(files, tags, compile_model=o.compile_model, alpha=o.alpha)
     if o.verbose:
         echo_err(f"Devices: {', '.join(devices)}")
         echo_err(f"Input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags}")

@@ -16,7 +16,7 @@ from deepdanbooru.project.paths import ProjectPaths
 
 
 # What using a project's model reads of project.json: a bad training setting must not stop evaluate.
-MODEL_KEYS = ("model", "image_width", "image_height", "max_image_pixels")
+MODEL_KEYS = ("model", "image_width", "image_height", "max_image_pixels", "padding", "alpha")
 
 
 class ModelSourceError(UserError):

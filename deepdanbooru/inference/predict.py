@@ -55,14 +55,18 @@ def check_output_width(model, model_path, tags, tags_path) -> None:
 class Tagger:
     """A loaded model plus what its inputs must look like."""
 
-    def __init__(self, model, tags, model_path: Path, config=None, max_image_pixels=None, compile_model=True):
+    def __init__(self, model, tags, model_path: Path, config=None, max_image_pixels=None, compile_model=True,
+                 fill=None):
         import tensorflow as tf
+
+        from deepdanbooru.pipeline import Fill
 
         self.model = model
         self.tags = list(tags)
         self.model_path = Path(model_path)
         self.height, self.width = model_input_size(model, model_path, config)
         self.max_image_pixels = max_image_pixels
+        self.fill = fill or Fill()
         if compile_model:
             # One traced graph for every batch size: the last, partial batch must not retrace.
             signature = [tf.TensorSpec((None, self.height, self.width, 3), tf.float32)]
@@ -85,7 +89,7 @@ class Tagger:
         from deepdanbooru.pipeline.gaps import PositionGaps
 
         dataset = inference_dataset([str(path) for path in paths], height=self.height, width=self.width,
-                                    batch_size=batch_size, max_image_pixels=self.max_image_pixels)
+                                    batch_size=batch_size, max_image_pixels=self.max_image_pixels, fill=self.fill)
         gaps, checked = PositionGaps(), 0
 
         def skip_gaps(stop):
@@ -114,9 +118,12 @@ class Tagger:
             yield int(positions[0]), images[0].numpy()
 
 
-def load_tagger(files, tags, compile_model=True) -> Tagger:
+def load_tagger(files, tags, compile_model=True, alpha=None) -> Tagger:
+    """alpha: "white" or "drop" (pipeline.fill); None: the project's key. Padding: the project's key."""
     from deepdanbooru.models.files import load_model_file
+    from deepdanbooru.pipeline import Fill
 
     model = load_model_file(files.model)
     check_output_width(model, files.model, tags, files.tags)
-    return Tagger(model, tags, files.model, files.config, files.max_image_pixels, compile_model)
+    fill = Fill.from_config(files.config, alpha) if files.config else (Fill(alpha=alpha) if alpha else Fill())
+    return Tagger(model, tags, files.model, files.config, files.max_image_pixels, compile_model, fill)

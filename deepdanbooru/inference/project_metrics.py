@@ -98,7 +98,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.models.losses import project_loss
-    from deepdanbooru.pipeline import diagnose, inference_dataset
+    from deepdanbooru.pipeline import Fill, diagnose, inference_dataset
     from deepdanbooru.pipeline.gaps import PositionGaps
     from deepdanbooru.scoring.scorer import BatchScorer, measure
 
@@ -109,7 +109,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     paths = records.paths()
     dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size,
                                 max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
-                                tags=tags)
+                                tags=tags, fill=Fill.from_config(config))
     gaps = PositionGaps()
     try:
         metrics = measure(BatchScorer(model, project_loss(config, "none"), height, width), dataset, threshold,

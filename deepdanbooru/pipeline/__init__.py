@@ -27,8 +27,14 @@ inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag_str
                   num_parallel_calls=tf.data.AUTOTUNE) -> tf.data.Dataset
     Same dicts (with "label" only when tag_strings and tags are given);
     position i is paths[i]. Inference preprocessing: area-resize keeping
-    aspect into (height, width), centre, replicate border pixels, / 255.
-    Use it for validation and evaluation too.
+    aspect into (height, width), centre, replicate border pixels (or pad
+    with white: fill), / 255. Use it for validation and evaluation too.
+
+Fill(padding="border"|"white", alpha="drop"|"white"), frozen; Fill.from_config(config)
+    The one decision of what surrounds a picture (in the warp, so also what
+    rotations and shifts uncover in training) and whether PNG / WebP
+    transparency is composited onto white; the defaults are DeepDanbooru's.
+    TrainingInput.fill, inference_dataset(fill=), preprocess_for_inference(fill=).
 
 preprocess_for_inference(data, *, height, width, max_image_pixels) -> float32 [height, width, 3]
     The inference preprocessing of one encoded image (bytes or a scalar string
@@ -94,6 +100,7 @@ Augmentation, warp_parameters, warp_batch, transform_batch: the geometry
 from deepdanbooru.pipeline.badimages import BadImageTracker, diagnose, diagnose_bytes
 from deepdanbooru.pipeline.dataset import TrainingInput, inference_dataset, preprocess_for_inference, training_dataset
 from deepdanbooru.pipeline.decode import decode_image_bytes
+from deepdanbooru.pipeline.fill import Fill
 from deepdanbooru.pipeline.header import FORMAT_NAMES, image_header
 from deepdanbooru.pipeline.labels import multi_hot, tag_table
 from deepdanbooru.pipeline.transform import Augmentation, transform_batch, warp_batch, warp_parameters
@@ -102,6 +109,7 @@ __all__ = [
     "Augmentation",
     "BadImageTracker",
     "FORMAT_NAMES",
+    "Fill",
     "TrainingInput",
     "decode_image_bytes",
     "diagnose",

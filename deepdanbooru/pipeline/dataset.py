@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from deepdanbooru.pipeline.decode import decode_for_box
+from deepdanbooru.pipeline.fill import Fill
 from deepdanbooru.pipeline.labels import multi_hot, tag_table
 from deepdanbooru.pipeline.mixup import mix_batch, mixup_weight
 from deepdanbooru.pipeline.transform import (
@@ -55,7 +56,7 @@ def _records(paths, positions, tag_strings):
 
 
 @functools.lru_cache(maxsize=32)
-def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scaling, mixup):
+def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scaling, mixup, fill):
     """The per-record work as one tf.function, traced once per configuration instead of once per dataset.
 
     The trainer builds a dataset per slice; retracing the decoder graph each
@@ -70,7 +71,7 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
         tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
     def prepare(path, position, hashed_seed):
         data = tf.io.read_file(path)
-        image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling)
+        image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling, fill)
         content, size, zoom = fit_into_box(image, source, box, canvas)
         uniforms = record_uniforms(hashed_seed, position, uniform_count)
         weight = mixup_weight(hashed_seed, position, mixup) if mixup else tf.ones([])
@@ -80,14 +81,14 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
 
 
 def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
-           jpeg_dct_scaling, mixup=None):
+           jpeg_dct_scaling, mixup=None, fill=Fill()):
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if mixup and tags is None:
         raise ValueError("mixup mixes labels: give tags")
     mixup = float(mixup) if mixup else None
     prepare_record, canvas, uniform_count = _record_function(
-        tuple(output_size), augmentation, int(max_image_pixels), bool(jpeg_dct_scaling), mixup)
+        tuple(output_size), augmentation, int(max_image_pixels), bool(jpeg_dct_scaling), mixup, fill)
     hashed_seed = seed_hash(*seeds)
 
     def prepare(record):
@@ -104,7 +105,7 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
 
     def finish(batch):
         images = transform_batch(batch["canvas"], batch["content"], batch["zoom"], batch["uniforms"], output_size,
-                                 augmentation, batch_size)
+                                 augmentation, batch_size, fill)
         out = {"image": tf.ensure_shape(images, [None, *output_size, 3]), "position": batch["position"]}
         if table is not None:
             out["label"] = tf.ensure_shape(multi_hot(batch["tags"], table, len(tags)), [None, len(tags)])
@@ -140,6 +141,7 @@ class TrainingInput:
     batch_size: int
     max_image_pixels: int
     mixup: float | None = None  # Beta(alpha, alpha) of the batch mixing; None: off
+    fill: Fill = Fill()  # padding and transparency (pipeline.fill)
 
     def __post_init__(self):
         object.__setattr__(self, "mixup", float(self.mixup) if self.mixup else None)
@@ -150,7 +152,7 @@ class TrainingInput:
                                     config.horizontal_flip, config.crop_area_range)
         return cls(height=config.image_height, width=config.image_width, augmentation=augmentation,
                    seed=config.seed, batch_size=config.minibatch_size, max_image_pixels=config.max_image_pixels,
-                   mixup=config.mixup)
+                   mixup=config.mixup, fill=Fill.from_config(config))
 
 
 def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
@@ -169,12 +171,13 @@ def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random
         records, output_size=(options.height, options.width), augmentation=options.augmentation,
         seeds=(options.seed, random_seed), batch_size=options.batch_size, max_image_pixels=options.max_image_pixels,
         tags=tags, num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, mixup=options.mixup,
+        fill=options.fill,
     )
 
 
 def inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag_strings=None, tags=None,
-                      num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True):
-    """Unaugmented batches (fit, centre, replicate border); labels only when tag_strings and tags are given."""
+                      num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True, fill=Fill()):
+    """Unaugmented batches (fit, centre, pad as `fill` says); labels only when tag_strings and tags are given."""
     if (tag_strings is None) != (tags is None):
         raise ValueError("give both tag_strings and tags, or neither")
     positions = np.arange(len(paths), dtype=np.int64)
@@ -182,30 +185,31 @@ def inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag
     return _build(
         records, output_size=(height, width), augmentation=None, seeds=(0, 0),
         batch_size=batch_size, max_image_pixels=max_image_pixels, tags=tags,
-        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling,
+        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, fill=fill,
     )
 
 
-def preprocess_for_inference(data, *, height, width, max_image_pixels):
+def preprocess_for_inference(data, *, height, width, max_image_pixels, fill=Fill()):
     """Encoded bytes of one image -> float32 [height, width, 3] in [0, 1], exactly as inference_dataset does it.
 
     Raises tf.errors.InvalidArgumentError for undecodable or oversized images;
     use deepdanbooru.pipeline.badimages.diagnose_bytes for a readable reason.
     """
-    single = _single_image_function((int(height), int(width)), int(max_image_pixels))
+    single = _single_image_function((int(height), int(width)), int(max_image_pixels), fill)
     return single(tf.convert_to_tensor(data, tf.string))
 
 
 @functools.lru_cache(maxsize=8)
-def _single_image_function(output_size, max_image_pixels):
+def _single_image_function(output_size, max_image_pixels, fill):
     canvas = canvas_size(*output_size)
     box = (float(output_size[0]), float(output_size[1]))
 
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([], tf.string)])
     def preprocess(data):
-        image, source = decode_for_box(data, max_image_pixels, box)
+        image, source = decode_for_box(data, max_image_pixels, box, fill=fill)
         content, size, zoom = fit_into_box(image, source, box, canvas)
         placed = place_on_canvas(content, canvas)
-        return transform_batch(placed[None], size[None], zoom[None], tf.zeros([1, 4]), output_size, None, 1)[0]
+        return transform_batch(placed[None], size[None], zoom[None], tf.zeros([1, 4]), output_size, None, 1,
+                               fill)[0]
 
     return preprocess

@@ -3,7 +3,8 @@
 Per record (inside the parallel map) the image is area-resized to fit the box
 and padded onto a fixed-size canvas; per batch a compiled gather-based warp
 samples every output pixel bilinearly with coordinates clamped to the image,
-which is the same as replicating border pixels. Training draws the warp from
+which is the same as replicating border pixels (or, with a white Fill, with
+every pixel outside the image white: the image padded with white). Training draws the warp from
 stateless random numbers keyed by (seed, random_seed, position); inference uses
 the identity warp, so both go through the same code. A random resized crop and
 a horizontal flip, when enabled, are folded into the same warp.
@@ -22,6 +23,8 @@ import math
 from dataclasses import dataclass
 
 import tensorflow as tf
+
+from deepdanbooru.pipeline.fill import WHITE, Fill
 
 RANDOM_ALGORITHM = "philox"  # pinned: "auto_select" may pick another generator on another device
 BASE_UNIFORMS = 4
@@ -199,7 +202,7 @@ def flip_horizontally(parameters, flip, output_width: int):
     return tf.where(flip[..., None], mirrored, parameters)
 
 
-def _warp(canvas, parameters, content_size, output_size):
+def _warp(canvas, parameters, content_size, output_size, white=False):
     batch, canvas_h, canvas_w = tf.shape(canvas)[0], tf.shape(canvas)[1], tf.shape(canvas)[2]
     out_h, out_w = output_size
     p = parameters[:, :, None, None]
@@ -209,6 +212,8 @@ def _warp(canvas, parameters, content_size, output_size):
     src_y = p[:, 2] * xs + p[:, 3] * ys + p[:, 5]
     last_y = (content_size[:, 0] - 1)[:, None, None]
     last_x = (content_size[:, 1] - 1)[:, None, None]
+    if white:
+        return _sample_on_white(canvas, src_x, src_y, last_x, last_y, batch, canvas_h, canvas_w)
     # Clamping the sample position to the image is border replication, also for bilinear weights.
     src_x = tf.clip_by_value(src_x, 0.0, tf.cast(last_x, tf.float32))
     src_y = tf.clip_by_value(src_y, 0.0, tf.cast(last_y, tf.float32))
@@ -222,23 +227,45 @@ def _warp(canvas, parameters, content_size, output_size):
     def at(y, x):
         return tf.cast(tf.gather(pixels, base + y * canvas_w + x), tf.float32)
 
-    top_left, top_right = at(y0, x0), at(y0, x1)
-    bottom_left, bottom_right = at(y1, x0), at(y1, x1)
+    return _bilinear(at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1), fx, fy)
+
+
+def _bilinear(top_left, top_right, bottom_left, bottom_right, fx, fy):
     top = top_left + (top_right - top_left) * fx
     bottom = bottom_left + (bottom_right - bottom_left) * fx
     return (top + (bottom - top) * fy) * (1.0 / 255.0)
 
 
+def _sample_on_white(canvas, src_x, src_y, last_x, last_y, batch, canvas_h, canvas_w):
+    """Bilinear sampling where every pixel outside the picture is white: the picture padded with white."""
+    # Far outside the picture every neighbour is white anyway; the bound keeps the int32 casts finite.
+    src_x = tf.clip_by_value(src_x, -2.0, tf.cast(last_x, tf.float32) + 2.0)
+    src_y = tf.clip_by_value(src_y, -2.0, tf.cast(last_y, tf.float32) + 2.0)
+    x0f, y0f = tf.floor(src_x), tf.floor(src_y)
+    fx, fy = (src_x - x0f)[..., None], (src_y - y0f)[..., None]
+    x0, y0 = tf.cast(x0f, tf.int32), tf.cast(y0f, tf.int32)
+    pixels = tf.reshape(canvas, [-1, 3])
+    base = (tf.range(batch) * canvas_h * canvas_w)[:, None, None]
+    white = tf.constant(float(WHITE))
+
+    def at(y, x):
+        inside = (x >= 0) & (x <= last_x) & (y >= 0) & (y <= last_y)
+        value = tf.gather(pixels, base + tf.clip_by_value(y, 0, last_y) * canvas_w + tf.clip_by_value(x, 0, last_x))
+        return tf.where(inside[..., None], tf.cast(value, tf.float32), white)
+
+    return _bilinear(at(y0, x0), at(y0, x0 + 1), at(y0 + 1, x0), at(y0 + 1, x0 + 1), fx, fy)
+
+
 # Per-image ImageProjectiveTransform evaluates the whole projection for every channel of every
 # pixel; one fused XLA loop over the batch is about five times cheaper on a CPU.
 @functools.lru_cache(maxsize=None)
-def _compiled_warp(output_size):
-    return tf.function(lambda c, p, s: _warp(c, p, s, output_size), jit_compile=True, reduce_retracing=True,
+def _compiled_warp(output_size, white=False):
+    return tf.function(lambda c, p, s: _warp(c, p, s, output_size, white), jit_compile=True, reduce_retracing=True,
                        autograph=False)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_transform(output_size, augmentation):
+def _compiled_transform(output_size, augmentation, white=False):
     def transform(canvas, content_size, zoom, uniforms):
         # The warp parameters are computed here, batched, rather than per record: fewer ops per record.
         if augmentation is None:
@@ -249,7 +276,7 @@ def _compiled_transform(output_size, augmentation):
             parameters = warp_parameters(content_size, zoom, output_size, scale, angle, shift, crop)
             if flip is not None:
                 parameters = flip_horizontally(parameters, flip, output_size[1])
-        return _warp(canvas, parameters, content_size, output_size)
+        return _warp(canvas, parameters, content_size, output_size, white)
 
     # No autograph: every branch here is on Python values, and converting this module's source cost
     # ~1.3 s of each train-project start (py-spy, docs/performance.md).
@@ -266,19 +293,20 @@ def _pad_batch(batch_size, tensors, fill):
     return count, padded
 
 
-def warp_batch(canvas, parameters, content_size, output_size, batch_size):
+def warp_batch(canvas, parameters, content_size, output_size, batch_size, fill: Fill = Fill()):
     """Warp canvases (uint8 [b, H', W', 3], content top-left) with explicit parameters [b, 6].
 
     Returns float32 [b, height, width, 3] in [0, 1]; b <= batch_size.
     """
     count, padded = _pad_batch(batch_size, [canvas, parameters, content_size], [0, 0, 1])
-    return _compiled_warp(tuple(output_size))(*padded)[:count]
+    return _compiled_warp(tuple(output_size), fill.white_padding)(*padded)[:count]
 
 
-def transform_batch(canvas, content_size, zoom, uniforms, output_size, augmentation, batch_size):
+def transform_batch(canvas, content_size, zoom, uniforms, output_size, augmentation, batch_size, fill: Fill = Fill()):
     """The pipeline's per-batch step: warp parameters from (content size, zoom, uniforms), then the warp.
 
-    augmentation None is inference (identity warp, uniforms ignored).
+    augmentation None is inference (identity warp, uniforms ignored). `fill` decides what lies outside the
+    picture (pipeline.fill).
     """
     count, padded = _pad_batch(batch_size, [canvas, content_size, zoom, uniforms], [0, 1, 1, 0])
-    return _compiled_transform(tuple(output_size), augmentation)(*padded)[:count]
+    return _compiled_transform(tuple(output_size), augmentation, fill.white_padding)(*padded)[:count]

@@ -28,6 +28,9 @@ TAG_LOSS_WEIGHTS = ("log_frequency",)
 # adamw and lamb decay by this much when weight_decay is null (timm's and ConvNeXt's usual AdamW value).
 DEFAULT_WEIGHT_DECAY = 0.05
 BEST_MODEL_METRICS = ("macro_f1", "micro_f1", "map", "mcc", "loss")
+# pipeline.fill: what surrounds a picture that does not fill the square, and what becomes of transparency.
+PADDING_MODES = ("border", "white")
+ALPHA_MODES = ("drop", "white")
 
 # Pillow's own decompression-bomb limit: about a 9,500 x 9,500 image.
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
@@ -348,6 +351,15 @@ KEYS: tuple[Key, ...] = (
     Key("freeze_backbone_epochs", 0, _int(0),
         "train only the head (trunk frozen, its batch norm on moving statistics) for the first N epochs",
         "int", ">= 0", spec=False),
+    Key("padding", "border", _choice(PADDING_MODES),
+        "what surrounds a picture that is not of the model's proportions, and what rotations and shifts uncover, "
+        "in training, validation and evaluate: border (repeat the edge pixels) or white (as the WD tagger "
+        "tools pad, and as WD's models were trained)", "str", ", ".join(PADDING_MODES), spec=False),
+    Key("alpha", "drop", _choice(ALPHA_MODES),
+        "transparency of PNG and WebP pictures in training, validation, evaluate-project --metrics and grad-cam: "
+        "drop (the stored colours) or white (composited onto white, as the tagger tools do); evaluate and "
+        "evaluate-project's tagging composite onto white unless evaluate --alpha drop", "str",
+        ", ".join(ALPHA_MODES), spec=False),
 )
 KEY_BY_NAME = {key.name: key for key in KEYS}
 
@@ -414,6 +426,8 @@ class ProjectConfig:
     mixup: float | None
     backbone_weights: Path | None
     freeze_backbone_epochs: int
+    padding: str
+    alpha: str
     unknown_keys: tuple[str, ...] = field(default=())
 
     @property

@@ -11,7 +11,7 @@ import numpy as np
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.project.resume import resume_point
-from deepdanbooru.pipeline import BadImageTracker, inference_dataset
+from deepdanbooru.pipeline import BadImageTracker, Fill, inference_dataset
 from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.scoring.metrics import write_metrics_json, write_thresholds_csv
 from deepdanbooru.scoring.scorer import BatchScorer, measure
@@ -28,7 +28,8 @@ class Validator:
         self.bad_image_log = Path(bad_image_log)
         self.dataset = inference_dataset(
             self.paths, height=config.image_height, width=config.image_width, batch_size=config.minibatch_size,
-            max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags))
+            max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags),
+            fill=Fill.from_config(config))
         # The project's loss without tag_loss_weights: the figure evaluate-project --metrics computes too.
         self.scorer = BatchScorer(model, project_loss(config, "none"), config.image_height, config.image_width)
         self.categories = category_indices(tag_categories(list(tags), config.project_dir))

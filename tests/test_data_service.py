@@ -141,3 +141,26 @@ def test_two_local_workers_make_exactly_the_local_batches_in_order(images):
         for worker in workers:
             worker.stop()
         dispatcher.stop()
+
+
+@pytest.mark.slow
+def test_training_on_the_data_service_gives_the_local_run_s_weights_bit_for_bit(tmp_path, sample_dataset):
+    from train_helpers import assert_same_weights, make_project
+
+    from deepdanbooru.training.train import train_project
+
+    dispatcher = SERVICE.DispatchServer(SERVICE.DispatcherConfig(port=0))
+    address = dispatcher.target.split("://")[1]
+    workers = [SERVICE.WorkerServer(SERVICE.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
+    try:
+        # One epoch in two slices of three minibatches, with the recipe's augmentation and mixup.
+        settings = dict(epoch_count=1, checkpoint_frequency_mb=3, horizontal_flip=True, mixup=0.4)
+        local = make_project(tmp_path / "local", *sample_dataset, **settings)
+        served = make_project(tmp_path / "served", *sample_dataset, data_service=address, **settings)
+        train_project(local, echo=lambda *_: None)
+        train_project(served, echo=lambda *_: None)
+        assert_same_weights(local / "model-resnet_small.keras", served / "model-resnet_small.keras")
+    finally:
+        for worker in workers:
+            worker.stop()
+        dispatcher.stop()

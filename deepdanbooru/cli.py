@@ -527,7 +527,7 @@ def export_bundle(project_path, save_path, model_path, split, start_id, end_id, 
               help="The port to listen on [default: dispatcher 5050, worker any free port].")
 @click.option("--dispatcher", metavar="HOST:PORT", help="worker: the dispatcher to serve.")
 @click.option("--host", metavar="NAME",
-              help="worker: the name or address the trainer reaches this host by [default: its host name].")
+              help="The name or address the trainer reaches this host by [default: its host name].")
 def data_service(role, port, dispatcher, host):
     """Run a tf.data service dispatcher or worker: other hosts' CPUs make the training batches.
 

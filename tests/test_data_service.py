@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from train_helpers import assert_same_weights, cli_env, make_project
 
 tf = pytest.importorskip("tensorflow")
 
@@ -114,11 +118,28 @@ def images(tmp_path):
     return paths
 
 
+def _start(*args):
+    """`deepdanbooru data-service ...` in a subprocess, once it has printed its first line."""
+    child = subprocess.Popen([sys.executable, "-m", "deepdanbooru", "data-service", *args], env=cli_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = child.stdout.readline()
+    assert "data-service" in first, first + child.stdout.read()
+    return child
+
+
+def _stop(child) -> str:
+    child.send_signal(signal.SIGINT)
+    output, _ = child.communicate()
+    assert child.returncode == 0, output
+    return output
+
+
 @pytest.mark.slow
-def test_two_local_workers_make_exactly_the_local_batches_in_order(images):
-    dispatcher = SERVICE.DispatchServer(SERVICE.DispatcherConfig(port=0))
-    address = dispatcher.target.split("://")[1]
-    workers = [SERVICE.WorkerServer(SERVICE.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
+def test_a_dispatcher_and_two_workers_started_by_the_commands_make_exactly_the_local_batches(images):
+    port = _free_port()
+    dispatcher = _start("dispatcher", "--port", str(port), "--host", "127.0.0.1")
+    address = f"127.0.0.1:{port}"
+    workers = [_start("worker", "--dispatcher", address, "--host", "127.0.0.1") for _ in range(2)]
     strings = (["a", "b c", "", "a c", "c"] * 3)[:len(images)]
     options = TrainingInput(20, 20, Augmentation((0.0, 360.0), (0.9, 1.1), (-0.1, 0.1), True, (0.5, 1.0)), seed=3,
                             batch_size=4, max_image_pixels=10**8, mixup=0.4)
@@ -138,15 +159,12 @@ def test_two_local_workers_make_exactly_the_local_batches_in_order(images):
                                        random_seed=5, start_position=20))
         assert [list(b["position"].numpy()) for b in served] == [[20, 21, 22, 23], [24, 25, 26], [28, 29, 30]]
     finally:
-        for worker in workers:
-            worker.stop()
-        dispatcher.stop()
+        outputs = [_stop(child) for child in [*workers, dispatcher]]
+    assert all(output.strip().endswith("stopped") for output in outputs), outputs
 
 
 @pytest.mark.slow
 def test_training_on_the_data_service_gives_the_local_run_s_weights_bit_for_bit(tmp_path, sample_dataset):
-    from train_helpers import assert_same_weights, make_project
-
     from deepdanbooru.training.train import train_project
 
     dispatcher = SERVICE.DispatchServer(SERVICE.DispatcherConfig(port=0))

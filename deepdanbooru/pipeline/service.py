@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import socket
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -141,36 +142,25 @@ class ServiceErrors:
             raise DataServiceError(message[start:].splitlines()[0]) from None
 
 
-def serve(role: str, *, port: int, dispatcher: str | None = None, host: str | None = None, echo=print,
-          wait=None) -> None:
-    """Run a dispatcher or a worker until Ctrl-C (or until `wait()` returns, for tests)."""
+def serve(role: str, *, port: int, dispatcher: str | None = None, host: str | None = None, echo=print) -> None:
+    """Run a dispatcher or a worker until Ctrl-C."""
+    name = host or socket.gethostname()
     if role == "dispatcher":
         server = _SERVICE.DispatchServer(_SERVICE.DispatcherConfig(port=port))
         bound = server.target.rsplit(":", 1)[1]
-        echo(f"data-service dispatcher listening on port {bound}; set \"data_service\": \"{host or socket.gethostname()}"
-             f":{bound}\" in project.json and start workers with "
-             f"`deepdanbooru data-service worker --dispatcher {host or socket.gethostname()}:{bound}`")
+        echo(f"data-service dispatcher listening on port {bound}; set \"data_service\": \"{name}:{bound}\" in "
+             f"project.json and start workers with `deepdanbooru data-service worker --dispatcher {name}:{bound}`")
     else:
         check_reachable(dispatcher, "--dispatcher")
-        name = host or socket.gethostname()
         server = _SERVICE.WorkerServer(_SERVICE.WorkerConfig(
             dispatcher_address=dispatcher.removeprefix("grpc://"), worker_address=f"{name}:%port%", port=port))
-        echo(f"data-service worker on {name} serving dispatcher {dispatcher}; it reads the images at the paths "
-             f"the trainer's database gives")
+        echo(f"data-service worker {name} serving dispatcher {dispatcher}; it reads the images at the paths in "
+             f"the trainer's database")
     try:
-        if wait is not None:
-            wait()
-        else:
-            _sleep_until_interrupted()
+        # server.join() blocks inside TensorFlow, where Ctrl-C is not seen; a Python sleep is interrupted.
+        while True:
+            time.sleep(1.0)
     except KeyboardInterrupt:
         echo(f"data-service {role} stopped")
     finally:
         server.stop()
-
-
-def _sleep_until_interrupted() -> None:
-    # server.join() blocks inside TensorFlow where Ctrl-C is not seen; a Python sleep loop sees it.
-    import time
-
-    while True:
-        time.sleep(1.0)

@@ -158,6 +158,11 @@ def test_a_dispatcher_and_two_workers_started_by_the_commands_make_exactly_the_l
         served = list(training_dataset(images, strings, TAGS, dataclasses.replace(options, data_service=address),
                                        random_seed=5, start_position=20))
         assert [list(b["position"].numpy()) for b in served] == [[20, 21, 22, 23], [24, 25, 26], [28, 29, 30]]
+        # A batch of only unreadable images comes as an empty placeholder, which the trainer never sees.
+        paths = readable[:4] + [images[7]] * 4 + readable[4:6]
+        served = list(training_dataset(paths, strings[:10], TAGS, dataclasses.replace(options, data_service=address),
+                                       random_seed=5, start_position=0))
+        assert [list(b["position"].numpy()) for b in served] == [[0, 1, 2, 3], [8, 9]]
     finally:
         outputs = [_stop(child) for child in [*workers, dispatcher]]
     assert all(output.strip().endswith("stopped") for output in outputs), outputs

@@ -118,13 +118,14 @@ def images(tmp_path):
     return paths
 
 
-def _start(*args):
-    """`deepdanbooru data-service ...` in a subprocess, once it has printed its first line."""
-    child = subprocess.Popen([sys.executable, "-m", "deepdanbooru", "data-service", *args], env=cli_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first = child.stdout.readline()
-    assert "data-service" in first, first + child.stdout.read()
-    return child
+def _start(*commands):
+    """`deepdanbooru data-service ...` subprocesses, started together, once each has printed its first line."""
+    children = [subprocess.Popen([sys.executable, "-m", "deepdanbooru", "data-service", *args], env=cli_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args in commands]
+    for child in children:
+        first = child.stdout.readline()
+        assert "data-service" in first, first + child.stdout.read()
+    return children
 
 
 def _stop(child) -> str:
@@ -137,10 +138,10 @@ def _stop(child) -> str:
 @pytest.mark.slow
 def test_a_dispatcher_and_two_workers_started_by_the_commands_make_exactly_the_local_batches(images):
     port = _free_port()
-    dispatcher = _start("dispatcher", "--port", str(port), "--host", "127.0.0.1")
+    (dispatcher,) = _start(("dispatcher", "--port", str(port), "--host", "127.0.0.1"))
     address = f"127.0.0.1:{port}"
-    workers = [_start("worker", "--dispatcher", address, "--host", "127.0.0.1") for _ in range(2)]
-    strings = (["a", "b c", "", "a c", "c"] * 3)[:len(images)]
+    workers = _start(*[("worker", "--dispatcher", address, "--host", "127.0.0.1")] * 2)
+    strings = ["a", "b c", "", "a c", "c"] * 3
     options = TrainingInput(20, 20, Augmentation((0.0, 360.0), (0.9, 1.1), (-0.1, 0.1), True, (0.5, 1.0)), seed=3,
                             batch_size=4, max_image_pixels=10**8, mixup=0.4)
     try:
@@ -154,15 +155,14 @@ def test_a_dispatcher_and_two_workers_started_by_the_commands_make_exactly_the_l
             assert sorted(here) == sorted(there) == ["image", "label", "position"]
             for key in here:
                 np.testing.assert_array_equal(here[key].numpy(), there[key].numpy())
-        # An unreadable image: its batch is one short (not refilled), and its position never arrives.
-        served = list(training_dataset(images, strings, TAGS, dataclasses.replace(options, data_service=address),
-                                       random_seed=5, start_position=20))
-        assert [list(b["position"].numpy()) for b in served] == [[20, 21, 22, 23], [24, 25, 26], [28, 29, 30]]
-        # A batch of only unreadable images comes as an empty placeholder, which the trainer never sees.
-        paths = readable[:4] + [images[7]] * 4 + readable[4:6]
-        served = list(training_dataset(paths, strings[:10], TAGS, dataclasses.replace(options, data_service=address),
-                                       random_seed=5, start_position=0))
-        assert [list(b["position"].numpy()) for b in served] == [[0, 1, 2, 3], [8, 9]]
+        # An unreadable image: its batch is one short (not refilled), and its position never arrives; a batch
+        # of only unreadable images comes as an empty placeholder, which the trainer never sees.
+        bad = images[7]
+        paths = readable[:5] + [bad] + readable[5:7] + [bad] * 4 + readable[7:9]
+        served = list(training_dataset(paths, strings[:len(paths)], TAGS,
+                                       dataclasses.replace(options, data_service=address), random_seed=5,
+                                       start_position=0))
+        assert [list(b["position"].numpy()) for b in served] == [[0, 1, 2, 3], [4, 6, 7], [12, 13]]
     finally:
         outputs = [_stop(child) for child in [*workers, dispatcher]]
     assert all(output.strip().endswith("stopped") for output in outputs), outputs

@@ -45,7 +45,9 @@ def find_gpus(proc: Path = PROC_GPUS, devices: Path = DEVICES, which=shutil.whic
         listed = run([tool, "-L"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return []
-    return re.findall(r"^GPU \d+: (.+?)(?: \(UUID.*)?$", listed.stdout or "", re.MULTILINE) if not listed.returncode else []
+    if listed.returncode:
+        return []
+    return re.findall(r"^GPU \d+: (.+?)(?: \(UUID.*)?$", listed.stdout or "", re.MULTILINE)
 
 
 def describe(names: list[str]) -> str:

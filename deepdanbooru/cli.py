@@ -562,6 +562,29 @@ def export_bundle(project_path, save_path, model_path, split, start_id, end_id, 
            size=size, overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
 
 
+@main.command("data-service")
+@click.argument("role", type=click.Choice(["dispatcher", "worker"]))
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="The port to listen on [default: dispatcher 5050, worker any free port].")
+@click.option("--dispatcher", metavar="HOST:PORT", help="worker: the dispatcher to serve.")
+@click.option("--host", metavar="NAME",
+              help="The name or address the trainer reaches this host by [default: its host name].")
+def data_service(role, port, dispatcher, host):
+    """Run a tf.data service dispatcher or worker: other hosts' CPUs make the training batches.
+
+    Set "data_service": "HOST:PORT" (the dispatcher) in project.json; workers read
+    the images at the same paths as the trainer. See docs/distributed.md.
+    """
+    if role == "worker" and not dispatcher:
+        raise click.UsageError("a worker needs --dispatcher HOST:PORT")
+    if role == "dispatcher" and dispatcher:
+        raise click.UsageError("--dispatcher is for workers")
+    from deepdanbooru.pipeline.service import DEFAULT_PORT, serve
+
+    serve(role, port=DEFAULT_PORT if port is None and role == "dispatcher" else port or 0, dispatcher=dispatcher,
+          host=host, echo=click.echo)
+
+
 def run():
     """The console entry point (and `python -m deepdanbooru`).
 

@@ -79,6 +79,9 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--time-limit", "stop at the last checkpoint before this much wall-clock time, export, exit 0"),
     Term("--force-mixed-precision", "train in float16 even without a GPU"),
     Term("--verbose", "print progress and throughput on stderr", deepdanbooru=True),
+    Term("--port", "the port a data-service server listens on"),
+    Term("--dispatcher", "the data-service dispatcher a worker serves (HOST:PORT)"),
+    Term("--host", "the name or address other hosts reach this one by"),
     Term("--debug", "show full tracebacks (before the command: deepdanbooru --debug COMMAND)"),
     # Conversion.
     Term("--optimize-default", "TFLite Optimize.DEFAULT", deepdanbooru=True),

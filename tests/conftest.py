@@ -4,7 +4,15 @@ import json
 
 import pytest
 
+from deepdanbooru import hardware
 from deepdanbooru.sample.generator import generate_sample_dataset
+
+
+@pytest.fixture(autouse=True)
+def no_gpu_in_the_driver(monkeypatch):
+    """Tests see a machine without a GPU (create-project's mixed_precision, the unused-GPU note) wherever
+    they run; tests of the probe give it a GPU explicitly."""
+    monkeypatch.setattr(hardware, "find_gpus", lambda *args, **kwargs: [])
 
 
 @pytest.fixture(scope="session")

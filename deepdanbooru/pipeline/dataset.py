@@ -43,7 +43,7 @@ _OPTIONS = tf.data.Options()
 _OPTIONS.autotune.enabled = False
 
 
-def _records(paths, positions, tag_strings):
+def _columns(paths, positions, tag_strings) -> dict:
     columns = {
         "path": tf.constant([str(path) for path in paths], tf.string, shape=[len(paths)]),
         "position": tf.constant(positions, tf.int64, shape=[len(paths)]),
@@ -52,7 +52,11 @@ def _records(paths, positions, tag_strings):
         if len(tag_strings) != len(paths):
             raise ValueError(f"{len(paths)} paths but {len(tag_strings)} tag strings")
         columns["tags"] = tf.constant(list(tag_strings), tf.string, shape=[len(paths)])
-    return tf.data.Dataset.from_tensor_slices(columns)
+    return columns
+
+
+def _records(paths, positions, tag_strings):
+    return tf.data.Dataset.from_tensor_slices(_columns(paths, positions, tag_strings))
 
 
 @functools.lru_cache(maxsize=32)
@@ -80,8 +84,9 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
     return prepare, canvas, uniform_count
 
 
-def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
-           jpeg_dct_scaling, mixup=None, fill=Fill()):
+def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
+              jpeg_dct_scaling, mixup=None, fill=Fill()):
+    """records dataset -> finished batches (no prefetch): the one batching, for local and data-service input."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if mixup and tags is None:
@@ -116,8 +121,6 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
     # tf.data runs autograph over map functions unless told not to; these branch on Python values only.
     prepare = tf.autograph.experimental.do_not_convert(prepare)
     finish = tf.autograph.experimental.do_not_convert(finish)
-    dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
-    dataset = dataset.ignore_errors()
     # Padding while batching writes each image once, straight into the batch buffer.
     shapes = {"canvas": [canvas[0], canvas[1], 3], "content": [2], "zoom": [], "uniforms": [uniform_count],
               "position": []}
@@ -125,9 +128,18 @@ def _build(records, *, output_size, augmentation, seeds, batch_size, max_image_p
         shapes["tags"] = []
     if mixup:
         shapes["mixup"] = []
-    dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)
-    dataset = dataset.map(finish, num_parallel_calls=num_parallel_calls, deterministic=True)
-    return dataset.prefetch(PREFETCH_BATCHES).with_options(_OPTIONS)
+
+    def batches(records):
+        dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
+        dataset = dataset.ignore_errors()
+        dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)
+        return dataset.map(finish, num_parallel_calls=num_parallel_calls, deterministic=True)
+
+    return batches
+
+
+def _build(records, **settings):
+    return _batching(**settings)(records).prefetch(PREFETCH_BATCHES).with_options(_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,7 @@ class TrainingInput:
     max_image_pixels: int
     mixup: float | None = None  # Beta(alpha, alpha) of the batch mixing; None: off
     fill: Fill = Fill()  # padding and transparency (pipeline.fill)
+    data_service: str | None = None  # HOST:PORT of a tf.data service dispatcher that makes the batches; None: here
 
     def __post_init__(self):
         object.__setattr__(self, "mixup", float(self.mixup) if self.mixup else None)
@@ -152,7 +165,7 @@ class TrainingInput:
                                     config.horizontal_flip, config.crop_area_range)
         return cls(height=config.image_height, width=config.image_width, augmentation=augmentation,
                    seed=config.seed, batch_size=config.minibatch_size, max_image_pixels=config.max_image_pixels,
-                   mixup=config.mixup, fill=Fill.from_config(config))
+                   mixup=config.mixup, fill=Fill.from_config(config), data_service=config.data_service)
 
 
 def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
@@ -166,13 +179,18 @@ def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random
         positions = np.arange(start_position, start_position + len(paths), dtype=np.int64)
     elif len(positions) != len(paths):
         raise ValueError(f"{len(paths)} paths but {len(positions)} positions")
-    records = _records(paths, positions, tag_strings)
-    return _build(
-        records, output_size=(options.height, options.width), augmentation=options.augmentation,
+    settings = dict(
+        output_size=(options.height, options.width), augmentation=options.augmentation,
         seeds=(options.seed, random_seed), batch_size=options.batch_size, max_image_pixels=options.max_image_pixels,
         tags=tags, num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, mixup=options.mixup,
         fill=options.fill,
     )
+    if options.data_service:
+        from deepdanbooru.pipeline.service import service_batches
+
+        return service_batches(_columns(paths, positions, tag_strings), _batching(**settings), options.batch_size,
+                               options.data_service).with_options(_OPTIONS)
+    return _build(_records(paths, positions, tag_strings), **settings)
 
 
 def inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag_strings=None, tags=None,

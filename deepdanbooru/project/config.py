@@ -121,6 +121,26 @@ def _optional_float(**limits) -> Callable[[Any], float | None]:
     return check
 
 
+def split_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (grpc:// allowed, as TensorFlow writes it) -> (host, port); ValueError saying why otherwise."""
+    host, sep, port = text.removeprefix("grpc://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be HOST:PORT of a data-service dispatcher, got {_show(text)}")
+    return host, int(port)
+
+
+def _optional_address(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a HOST:PORT string or null, got {_show(value)}")
+    try:
+        split_address(value)
+    except ValueError as error:
+        raise _Invalid(str(error)) from None
+    return value
+
+
 def _optional_choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
     inner = _choice(options)
 
@@ -360,6 +380,9 @@ KEYS: tuple[Key, ...] = (
         "drop (the stored colours) or white (composited onto white, as the tagger tools do); evaluate and "
         "evaluate-project's tagging composite onto white unless evaluate --alpha drop", "str",
         ", ".join(ALPHA_MODES), spec=False),
+    Key("data_service", None, _optional_address,
+        "HOST:PORT of a tf.data service dispatcher whose workers make the training batches on other hosts "
+        "(null: this host's CPUs make them); see docs/distributed.md", "str or null", "HOST:PORT", spec=False),
 )
 KEY_BY_NAME = {key.name: key for key in KEYS}
 
@@ -428,6 +451,7 @@ class ProjectConfig:
     freeze_backbone_epochs: int
     padding: str
     alpha: str
+    data_service: str | None
     unknown_keys: tuple[str, ...] = field(default=())
 
     @property

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from deepdanbooru.errors import ConfigError, file_field
 from deepdanbooru.pipeline import BadImageTracker, TrainingInput, training_dataset
+from deepdanbooru.pipeline.service import ServiceErrors
 from deepdanbooru.pipeline.gaps import PositionGaps
 from deepdanbooru.runstate.cluster import ClusterRole
 
@@ -86,6 +88,8 @@ class WholeSlice:
         paths, tag_strings = epoch.records(np.arange(start, stop))
         self.dataset = strategy.experimental_distribute_dataset(training_dataset(
             paths, tag_strings, epoch.tags, options, random_seed=epoch.random_seed, start_position=start))
+        if options.data_service:
+            self.dataset = ServiceErrors(self.dataset)
 
     def observe(self, local_positions) -> None:
         # One tensor per local replica; positions live on the host, so this does not wait for the step.
@@ -137,5 +141,9 @@ class ShardedSlice:
 def slice_input(strategy, role: ClusterRole, sums, epoch: Epoch, options: TrainingInput, start: int, stop: int):
     """Epoch positions start..stop-1 for this process: `.dataset` to iterate, `.observe`, `.finish`."""
     if role.in_cluster:
+        if options.data_service:
+            raise ConfigError(file_field("project.json", "data_service", (
+                "is for one training process (one host, any number of its GPUs); with TF_CONFIG every host "
+                "decodes its own part: set data_service to null")))
         return ShardedSlice(strategy, role, sums, epoch, options, start, stop)
     return WholeSlice(strategy, epoch, options, start, stop)

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 
 import keras
 import tensorflow as tf
 
-from deepdanbooru import compat
+from deepdanbooru import compat, hardware
 from deepdanbooru.errors import ConfigError, TrainingError, file_field
 from deepdanbooru.tfruntime import tune_graph_optimizer
 from deepdanbooru.runstate.cluster import LOGICAL_CPUS_ENV, ClusterRole, DeviceChoice, cluster_role, logical_cpus
@@ -89,11 +90,20 @@ def _create_strategy(devices: DeviceChoice, role: ClusterRole, cpus: int) -> tf.
         return tf.distribute.MultiWorkerMirroredStrategy()
     cpu_names = _split_cpu(cpus) if cpus > 1 else []
     gpus = [device.name for device in tf.config.list_logical_devices("GPU")]
+    if not gpus and devices.gpus is None:
+        _note_unused_gpu()
     if len(gpus) > 1:
         return tf.distribute.MirroredStrategy(gpus)
     if cpu_names and not gpus:
         return tf.distribute.MirroredStrategy(cpu_names)
     return tf.distribute.get_strategy()
+
+
+def _note_unused_gpu() -> None:
+    """One line when the driver shows a GPU that TensorFlow did not find (not silent CPU training)."""
+    note = hardware.unused_gpu_note(hardware.find_gpus())
+    if note:
+        warnings.warn(note, stacklevel=2)
 
 
 def replicas(strategy: tf.distribute.Strategy) -> int:

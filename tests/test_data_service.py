@@ -1,0 +1,189 @@
+"""Training input made by tf.data service workers: the local pipeline's batches, in its order, and clear failures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from train_helpers import assert_same_weights, cli_env, make_project
+
+tf = pytest.importorskip("tensorflow")
+
+from deepdanbooru.cli import main  # noqa: E402
+from deepdanbooru.errors import ConfigError  # noqa: E402
+from deepdanbooru.pipeline import Augmentation, TrainingInput, training_dataset  # noqa: E402
+from deepdanbooru.pipeline.service import (  # noqa: E402
+    DataServiceError,
+    ServiceErrors,
+    check_reachable,
+    in_order,
+)
+from deepdanbooru.project.config import load_config  # noqa: E402
+
+TAGS = ["a", "b", "c"]
+SERVICE = tf.data.experimental.service
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def _batch(index, positions):
+    return {"batch": np.int64(index), "position": np.asarray(positions, np.int64),
+            "image": np.full((len(positions), 2), float(index), np.float32)}
+
+
+def test_batches_come_out_in_index_order_whatever_order_the_workers_send_them():
+    arrived = [_batch(2, [8, 9]), _batch(0, [0, 1, 2, 3]), _batch(3, []), _batch(1, [4, 6, 7]), _batch(4, [16])]
+    out = list(in_order(arrived, 5))
+    # Batch 3 lost every image: it arrives as an empty placeholder and is left out, without a wait.
+    assert [list(batch["position"]) for batch in out] == [[0, 1, 2, 3], [4, 6, 7], [8, 9], [16]]
+    assert all("batch" not in batch for batch in out)
+
+
+def test_a_batch_that_never_comes_stops_the_slice_with_one_line():
+    with pytest.raises(DataServiceError, match=r"data_service: batch 1 of 3 of this slice never came .*resumes"):
+        list(in_order([_batch(0, [0]), _batch(2, [2])], 3))
+    later = [_batch(index, [index]) for index in range(1, 6)]
+    with pytest.raises(DataServiceError, match=r"batch 0 of 9 .*\(4 later batches arrived first\)"):
+        list(in_order(later, 9, window=3))
+
+
+def test_a_failure_inside_tf_data_is_raised_again_as_its_one_line():
+    def broken():
+        yield {"position": np.zeros(1, np.int64)}
+        list(in_order([], 2))
+
+    dataset = tf.data.Dataset.from_generator(broken, output_signature={"position": tf.TensorSpec([None], tf.int64)})
+    wrapped = ServiceErrors(dataset)
+    assert wrapped.element_spec == dataset.element_spec
+    with pytest.raises(DataServiceError) as raised:
+        list(wrapped)
+    assert str(raised.value).startswith("project.json: data_service: batch 0 of 2 of this slice never came")
+    assert "\n" not in str(raised.value)
+
+
+def test_no_dispatcher_at_the_address_is_one_line_not_an_endless_retry():
+    port = _free_port()
+    with pytest.raises(DataServiceError, match=rf"project.json: data_service: no dispatcher answers at "
+                                               rf"localhost:{port} .*data-service dispatcher --port {port}"):
+        check_reachable(f"localhost:{port}")
+
+
+def test_data_service_key_defaults_off_and_checks_its_address(tmp_path):
+    (tmp_path / "project.json").write_text("{}")
+    config = load_config(tmp_path)
+    assert config.data_service is None and TrainingInput.from_config(config).data_service is None
+    (tmp_path / "project.json").write_text(json.dumps({"data_service": "cpu-a:5050"}))
+    assert TrainingInput.from_config(load_config(tmp_path)).data_service == "cpu-a:5050"
+    for bad in ("cpu-a", "cpu-a:http", ":5050", 5050):
+        (tmp_path / "project.json").write_text(json.dumps({"data_service": bad}))
+        with pytest.raises(ConfigError, match=r"project.json: data_service: must be .*HOST:PORT"):
+            load_config(tmp_path)
+
+
+def test_data_service_command_checks_its_options():
+    result = CliRunner().invoke(main, ["data-service", "worker"])
+    assert result.exit_code == 2 and "a worker needs --dispatcher HOST:PORT" in result.output
+    result = CliRunner().invoke(main, ["data-service", "dispatcher", "--dispatcher", "a:1"])
+    assert result.exit_code == 2 and "--dispatcher is for workers" in result.output
+    port = _free_port()
+    result = CliRunner().invoke(main, ["data-service", "worker", "--dispatcher", f"localhost:{port}"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: --dispatcher: no dispatcher answers at localhost:{port} (Connection "
+                                     f"refused); start one with `deepdanbooru data-service dispatcher --port "
+                                     f"{port}` on localhost")
+
+
+@pytest.fixture
+def images(tmp_path):
+    """Eleven PNGs of different sizes (lossless); the eighth is not an image."""
+    paths = []
+    for index in range(11):
+        path = tmp_path / f"{index}.png"
+        Image.fromarray(np.random.default_rng(index).integers(
+            0, 256, (28 + 2 * index, 40 - index, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    (tmp_path / "7.png").write_bytes(b"not a picture")
+    return paths
+
+
+def _start(*commands):
+    """`deepdanbooru data-service ...` subprocesses, started together, once each has printed its first line."""
+    children = [subprocess.Popen([sys.executable, "-m", "deepdanbooru", "data-service", *args], env=cli_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args in commands]
+    for child in children:
+        first = child.stdout.readline()
+        assert "data-service" in first, first + child.stdout.read()
+    return children
+
+
+def _stop(child) -> str:
+    child.send_signal(signal.SIGINT)
+    output, _ = child.communicate()
+    assert child.returncode == 0, output
+    return output
+
+
+@pytest.mark.slow
+def test_a_dispatcher_and_two_workers_started_by_the_commands_make_exactly_the_local_batches(images):
+    port = _free_port()
+    (dispatcher,) = _start(("dispatcher", "--port", str(port), "--host", "127.0.0.1"))
+    address = f"127.0.0.1:{port}"
+    workers = _start(*[("worker", "--dispatcher", address, "--host", "127.0.0.1")] * 2)
+    strings = ["a", "b c", "", "a c", "c"] * 3
+    options = TrainingInput(20, 20, Augmentation((0.0, 360.0), (0.9, 1.1), (-0.1, 0.1), True, (0.5, 1.0)), seed=3,
+                            batch_size=4, max_image_pixels=10**8, mixup=0.4)
+    try:
+        readable = images[:7] + images[8:]
+        local = list(training_dataset(readable, strings[:10], TAGS, options, random_seed=5, start_position=20))
+        served = list(training_dataset(readable, strings[:10], TAGS, dataclasses.replace(options, data_service=address),
+                                       random_seed=5, start_position=20))
+        assert [list(b["position"].numpy()) for b in served] == [[20, 21, 22, 23], [24, 25, 26, 27], [28, 29]]
+        assert len(served) == len(local)
+        for here, there in zip(local, served):
+            assert sorted(here) == sorted(there) == ["image", "label", "position"]
+            for key in here:
+                np.testing.assert_array_equal(here[key].numpy(), there[key].numpy())
+        # An unreadable image: its batch is one short (not refilled), and its position never arrives; a batch
+        # of only unreadable images comes as an empty placeholder, which the trainer never sees.
+        bad = images[7]
+        paths = readable[:5] + [bad] + readable[5:7] + [bad] * 4 + readable[7:9]
+        served = list(training_dataset(paths, strings[:len(paths)], TAGS,
+                                       dataclasses.replace(options, data_service=address), random_seed=5,
+                                       start_position=0))
+        assert [list(b["position"].numpy()) for b in served] == [[0, 1, 2, 3], [4, 6, 7], [12, 13]]
+    finally:
+        outputs = [_stop(child) for child in [*workers, dispatcher]]
+    assert all(output.strip().endswith("stopped") for output in outputs), outputs
+
+
+@pytest.mark.slow
+def test_training_on_the_data_service_gives_the_local_run_s_weights_bit_for_bit(tmp_path, sample_dataset):
+    from deepdanbooru.training.train import train_project
+
+    dispatcher = SERVICE.DispatchServer(SERVICE.DispatcherConfig(port=0))
+    address = dispatcher.target.split("://")[1]
+    workers = [SERVICE.WorkerServer(SERVICE.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
+    try:
+        # One epoch in two slices of three minibatches, with the recipe's augmentation and mixup.
+        settings = dict(epoch_count=1, checkpoint_frequency_mb=3, horizontal_flip=True, mixup=0.4)
+        local = make_project(tmp_path / "local", *sample_dataset, **settings)
+        served = make_project(tmp_path / "served", *sample_dataset, data_service=address, **settings)
+        train_project(local, echo=lambda *_: None)
+        train_project(served, echo=lambda *_: None)
+        assert_same_weights(local / "model-resnet_small.keras", served / "model-resnet_small.keras")
+    finally:
+        for worker in workers:
+            worker.stop()
+        dispatcher.stop()

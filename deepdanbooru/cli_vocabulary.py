@@ -37,6 +37,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--save-path", "where the command writes its result (a file, or a folder for grad-cam's pictures)",
          ("--output",), deepdanbooru=True),
     Term("--thresholds-csv", "per-tag thresholds written by training"),
+    Term("--channel-order", "the channel order (rgb or bgr) an imported checkpoint's weights expect"),
     Term("--sample-image", "an image to also compare on (repeatable)"),
     # What is written and how.
     Term("--overwrite", "replace files that already exist", ("--force",), deepdanbooru=True),

@@ -1,0 +1,200 @@
+"""import-model: timm checkpoints (ViT, ConvNeXt; WD v3 taggers) against timm's own outputs.
+
+The fixtures under tests/fixtures/timm were made by make_fixtures.py there with timm and torch; these tests
+need neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from deepdanbooru.cli import main
+from deepdanbooru.errors import ModelError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "timm"
+NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file())
+TOLERANCE = 1e-4
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+def timm_scores(folder: Path) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.load(folder / "logits.npy").astype(np.float64)))
+
+
+def test_the_fixtures_cover_every_option_set():
+    configs = {name: json.loads((FIXTURES / name / "config.json").read_text()) for name in NAMES}
+    args = [c["model_args"] for c in configs.values()]
+    assert {a.get("global_pool", "token") for a in args if "embed_dim" in a} == {"token", "avg", "map"}
+    assert {a.get("act_layer", "gelu") for a in args} == {"gelu", "gelu_tanh"}
+    assert any(a.get("class_token") is False for a in args) and any(a.get("reg_tokens") for a in args)
+    assert any(a.get("no_embed_class") for a in args) and any(a.get("init_values") for a in args)
+    assert any(a.get("qkv_bias") is False for a in args) and any(a.get("head_norm_first") for a in args)
+    assert {a.get("fc_norm") for a in args if "embed_dim" in a} == {None, False, True}
+    dtypes = set()
+    for name in NAMES:
+        from deepdanbooru.importer.safetensors import read_header
+
+        dtypes |= {info.dtype for info in read_header(FIXTURES / name / "model.safetensors")[0].values()}
+    assert dtypes == {"F32", "F16", "BF16"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_imported_model_matches_timm(name):
+    from deepdanbooru.importer.checkpoint import import_checkpoint
+
+    folder = FIXTURES / name
+    imported = import_checkpoint(folder)
+    inputs = np.load(folder / "inputs.npy")
+    assert tuple(imported.model.input_shape[1:]) == (*imported.input_size, 3) == inputs.shape[1:]
+    scores = np.asarray(imported.model(inputs), dtype=np.float64)
+    assert np.abs(scores - timm_scores(folder)).max() < TOLERANCE
+    tagger = (folder / "selected_tags.csv").is_file()
+    assert imported.channel_order == ("bgr" if tagger else "rgb")
+
+
+def test_channel_order_is_folded_in_and_matters():
+    from deepdanbooru.importer.checkpoint import import_checkpoint
+
+    folder = FIXTURES / "convnext_wd"
+    inputs = np.load(folder / "inputs.npy")
+    flipped = np.asarray(import_checkpoint(folder, "rgb").model(inputs[..., ::-1]))
+    # rgb on BGR-flipped images is the same model as bgr on the images.
+    assert np.abs(flipped - timm_scores(folder)).max() < TOLERANCE
+    wrong = np.asarray(import_checkpoint(folder, "rgb").model(inputs))
+    assert np.abs(wrong - timm_scores(folder)).max() > 1e-3
+
+
+def test_safetensors_reader_widens_half_precision(tmp_path):
+    from deepdanbooru.importer.safetensors import read_tensors
+
+    values = np.array([1.5, -2.25, 65504.0, 2.0**-14], dtype=np.float32)
+    half = values.astype("<f2").tobytes()
+    bf16 = (values.view(np.uint32) >> 16).astype("<u2").tobytes()
+    path = tmp_path / "x.safetensors"
+    write_safetensors(path, {"h": ("F16", (2, 2), half), "b": ("BF16", (4,), bf16)})
+    tensors = read_tensors(path)
+    np.testing.assert_array_equal(tensors["h"], values.reshape(2, 2))
+    # bfloat16 is float32's top 16 bits.
+    np.testing.assert_array_equal(tensors["b"], (values.view(np.uint32) & 0xFFFF0000).view(np.float32))
+    assert tensors["b"][2] == 65280.0
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(ModelError, match=r"x.safetensors: (h|b): data_offsets .* do not fit shape"):
+        read_tensors(path)
+
+
+def write_safetensors(path, tensors: dict) -> None:
+    header, data = {}, b""
+    for name, (dtype, shape, content) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(content)]}
+        data += content
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+_PLAIN = textwrap.dedent(
+    """
+    import sys
+    import keras, numpy as np
+    model = keras.models.load_model(sys.argv[1], compile=False)
+    np.save(sys.argv[3], keras.ops.convert_to_numpy(model(np.load(sys.argv[2]))))
+    assert "deepdanbooru" not in sys.modules
+    """
+)
+
+
+@pytest.mark.slow
+def test_import_model_writes_a_plain_keras_model_with_its_tags(tmp_path):
+    folder = FIXTURES / "vit_wd"
+    target = tmp_path / "wd.keras"
+    result = run_cli("import-model", folder, "--output", target)
+    assert result.exit_code == 0, result.output
+    assert "Channel order the weights expect: bgr: selected_tags.csv marks a WD tagger" in result.output
+    assert (tmp_path / "wd.tags.txt").read_text().split() == \
+        ["general", "sensitive", "questionable", "explicit", "1girl", "solo", "hatsune_miku"]
+    from deepdanbooru.project.categories import parse_categories
+
+    categories = parse_categories((tmp_path / "wd.categories.json").read_text(), "x", 7)
+    assert categories == [9, 9, 9, 9, 0, 0, 4]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("PYTHONPATH", None)
+    subprocess.run([sys.executable, "-c", _PLAIN, str(target), str(folder / "inputs.npy"), str(tmp_path / "y.npy")],
+                   check=True, capture_output=True, env=env, cwd=tmp_path)
+    assert np.abs(np.load(tmp_path / "y.npy") - timm_scores(folder)).max() < TOLERANCE
+    again = run_cli("import-model", folder, "--save-path", target)
+    assert again.exit_code == 2 and "wd.keras: already exists; use --overwrite" in again.output
+
+
+def _copy(name, tmp_path) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES / name, folder)
+    return folder
+
+
+def _edit_config(folder, change):
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _rewrite_tensors(folder, change):
+    from deepdanbooru.importer.safetensors import read_tensors
+
+    tensors = change(read_tensors(folder / "model.safetensors"))
+    write_safetensors(folder / "model.safetensors",
+                      {k: ("F32", v.shape, np.ascontiguousarray(v, "<f4").tobytes()) for k, v in tensors.items()})
+
+
+def _drop(name):
+    return lambda tensors: {k: v for k, v in tensors.items() if k != name}
+
+
+BAD = {
+    "unknown architecture": (lambda f: _edit_config(f, lambda c: c.update(architecture="resnet50")),
+                             r"config.json: architecture: 'resnet50' is not supported; supported: vit_\{.*convnext_\{"),
+    "no model_args": (lambda f: _edit_config(f, lambda c: c.pop("model_args")),
+                      r"config.json: model_args: missing: timm builds the model from architecture and model_args"),
+    "unknown model_args": (lambda f: _edit_config(f, lambda c: c["model_args"].update(qk_norm=True)),
+                           r"config.json: model_args.qk_norm: is not supported for vit_base_patch16_224"),
+    "missing tensor": (lambda f: _rewrite_tensors(f, _drop("blocks.1.attn.proj.bias")),
+                       r"model.safetensors: missing 1 tensor\(s\) the architecture needs: blocks.1.attn.proj.bias$"),
+    "extra tensor": (lambda f: _rewrite_tensors(f, lambda t: {**t, "cls_token": np.zeros((1, 1, 32))}),
+                     r"model.safetensors: 1 tensor\(s\) the architecture does not have .*: cls_token$"),
+    "shape mismatch": (lambda f: _edit_config(f, lambda c: c["model_args"].update(img_size=48)),
+                       r"model.safetensors: pos_embed: has shape \[1, 16, 32\], the architecture needs \[1, 36, 32\]"),
+    "tags do not match the head": (
+        lambda f: (f / "selected_tags.csv").write_text((f / "selected_tags.csv").read_text() + "9,extra,0,1\n"),
+        r"selected_tags.csv: has 8 tag rows but the head has 7 outputs"),
+    "bad tag row": (lambda f: (f / "selected_tags.csv").write_text("tag_id,name,category,count\n1,a,7,1\n"),
+                    r"selected_tags.csv: line 2: unknown category 7"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_checkpoint_gets_one_line_and_nothing_written(case, tmp_path):
+    spoil, message = BAD[case]
+    folder = _copy("vit_wd", tmp_path)
+    spoil(folder)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli("import-model", folder, "--save-path", out / "m.keras")
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    import re
+
+    assert re.search(message, lines[0]), lines[0]
+    assert list(out.iterdir()) == []

@@ -198,3 +198,103 @@ def test_bad_checkpoint_gets_one_line_and_nothing_written(case, tmp_path):
 
     assert re.search(message, lines[0]), lines[0]
     assert list(out.iterdir()) == []
+
+
+# --- backbone_weights: a timm folder's trunk in a registry model ---
+
+def _synthetic_checkpoint(folder: Path, architecture, model_args, family, size, dtype="F32"):
+    """A checkpoint folder with random weights of every tensor the importer expects (norms away from 1)."""
+    folder.mkdir()
+    config = {"architecture": architecture, "num_classes": 3, "model_args": model_args,
+              "pretrained_cfg": {"input_size": [3, *size], "mean": [0.485, 0.456, 0.406],
+                                 "std": [0.229, 0.224, 0.225]}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "selected_tags.csv").write_text("tag_id,name,category,count\n1,general,9,1\n2,solo,0,1\n3,miku,4,1\n")
+    opts = family.options(architecture, model_args, 3, folder / "config.json")
+    rng = np.random.default_rng(0)
+    stored = {"F32": "<f4", "F16": "<f2"}[dtype]
+    tensors = {}
+    for name, shape in family.expected_tensors(opts).items():
+        values = 0.1 * rng.standard_normal(shape, dtype=np.float32)
+        if len(shape) == 1 and name.endswith(".weight"):  # the norms' scales
+            values += 1.0
+        tensors[name] = (dtype, shape, values.astype(stored).tobytes())
+    write_safetensors(folder / "model.safetensors", tensors)
+    return folder
+
+
+def _features(model, layer_name, x, use_input=False):
+    import keras
+
+    layer = model.get_layer(layer_name)
+    return np.asarray(keras.Model(model.input, layer.input if use_input else layer.output)(x))
+
+
+def test_backbone_weights_takes_a_timm_vit_folder(tmp_path, monkeypatch):
+    from deepdanbooru.importer import vit
+    from deepdanbooru.importer.checkpoint import import_checkpoint
+    from deepdanbooru.models import table
+    from deepdanbooru.models.backbone import load_backbone_weights
+    from deepdanbooru.models.builder import build_model
+
+    # A registry row the size of the checkpoint, so the test stays small.
+    monkeypatch.setitem(table.ARCHITECTURES, "vit_test", table.Architecture((32,), (2,), "pooled", "vit", patch=8,
+                                                                            heads=4))
+    folder = _synthetic_checkpoint(tmp_path / "vit", "vit_base_patch16_224", {
+        "embed_dim": 32, "depth": 2, "num_heads": 4, "patch_size": 8, "img_size": 32, "class_token": False,
+        "global_pool": "avg", "fc_norm": False}, vit, (32, 32))
+    imported = import_checkpoint(folder).model
+    registry = build_model("vit_test", (32, 32, 3), 5, seed=1)
+    assert load_backbone_weights(registry, "vit_test", folder, (32, 32, 3)) == 2 * 5 + 3
+    x = np.random.default_rng(1).random((2, 32, 32, 3), dtype=np.float32)
+    # The same features from the registry's own preprocessing (x * 2 - 1) and the checkpoint's ImageNet mean and
+    # std, BGR: both folds are right.
+    np.testing.assert_allclose(_features(registry, "vit_norm", x), _features(imported, "vit_norm", x), atol=1e-5)
+    # Another input size: the position table is resampled to the project's grid.
+    bigger = build_model("vit_test", (48, 48, 3), 5)
+    load_backbone_weights(bigger, "vit_test", folder, (48, 48, 3))
+    assert np.isfinite(np.asarray(bigger(np.zeros((1, 48, 48, 3), np.float32)))).all()
+
+
+@pytest.mark.slow
+def test_backbone_weights_takes_a_timm_convnext_folder(tmp_path):
+    from deepdanbooru.importer import convnext
+    from deepdanbooru.importer.checkpoint import import_checkpoint
+    from deepdanbooru.models.backbone import load_backbone_weights
+    from deepdanbooru.models.builder import build_model
+
+    # convnext_tiny's real size (the registry row is keras.applications'), stored as float16 to halve the file.
+    folder = _synthetic_checkpoint(tmp_path / "convnext", "convnext_tiny", {}, convnext, (32, 32), "F16")
+    imported = import_checkpoint(folder).model
+    registry = build_model("convnext_tiny", (32, 32, 3), 5, seed=1)
+    assert load_backbone_weights(registry, "convnext_tiny", folder, (32, 32, 3)) == 1 + 1 + 3 * 2 + 18 * 5 + 1
+    x = np.random.default_rng(1).random((2, 32, 32, 3), dtype=np.float32)
+    ours = _features(registry, "convnext_tiny_layer_normalization_0", x, use_input=True)
+    np.testing.assert_allclose(ours, _features(imported, "convnext_tiny_stage_3_block_2_add", x), atol=1e-4)
+
+
+def test_backbone_weights_folder_of_another_family_or_size_is_refused(tmp_path):
+    from deepdanbooru.models.backbone import load_backbone_weights
+    from deepdanbooru.models.builder import build_model
+
+    model = build_model("vit_small_patch16", (32, 32, 3), 5)
+    with pytest.raises(ModelError, match=r"convnext/config.json: architecture: a convnext_tiny checkpoint cannot "
+                                         r"start vit_small_patch16 \(a vit model\)"):
+        load_backbone_weights(model, "vit_small_patch16", FIXTURES / "convnext", (32, 32, 3))
+    with pytest.raises(ModelError, match=r"vit_token/config.json: vit_base_patch16_224's \(embed_dim, depth, "
+                                         r"num_heads, patch_size, mlp width\) is \(32, 2, 4, 8, 128\); "
+                                         r"vit_small_patch16's trunk needs \(384, 12, 6, 16, 1536\)"):
+        load_backbone_weights(model, "vit_small_patch16", FIXTURES / "vit_token", (32, 32, 3))
+
+
+def test_backbone_weights_folder_must_be_a_checkpoint(tmp_path):
+    from deepdanbooru.errors import ConfigError
+    from deepdanbooru.project.config import load_config
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "project.json").write_text(json.dumps({"backbone_weights": "ckpt"}))
+    config = load_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"project.json: backbone_weights: folder .*ckpt has no config.json"):
+        config.require_backbone_weights()
+    shutil.copy(FIXTURES / "vit_token" / "config.json", tmp_path / "ckpt")
+    assert config.require_backbone_weights() == tmp_path / "ckpt"

@@ -51,7 +51,7 @@ class ConvNeXtOptions:
     act: str
     head_norm_first: bool
     conv_mlp: bool  # only the shape of the pointwise weights: (out, in, 1, 1) instead of (out, in)
-    kernel: int
+    kernels: tuple[int, ...]  # the depthwise kernel of each stage
     patch: int
     bias: bool
     epsilon: float
@@ -86,14 +86,17 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> Conv
         fail("global_pool", f"{args['global_pool']!r} is not supported (avg)")
     if args["output_stride"] != 32:
         fail("output_stride", f"{args['output_stride']!r} is not supported (32)")
-    if not isinstance(args["kernel_sizes"], int):
-        fail("kernel_sizes", f"must be one integer for every stage, got {args['kernel_sizes']!r}")
+    kernels = args["kernel_sizes"]
+    kernels = (kernels,) * STAGES if isinstance(kernels, int) else kernels
+    if (not isinstance(kernels, (list, tuple)) or len(kernels) != STAGES
+            or not all(isinstance(k, int) and k > 0 and k % 2 for k in kernels)):
+        fail("kernel_sizes", f"must be an odd integer or {STAGES} of them, got {args['kernel_sizes']!r}")
     act = args["act_layer"] or "gelu"
     if act not in parts.ACTIVATIONS:
         fail("act_layer", f"{act!r} is not supported (supported: {', '.join(parts.ACTIVATIONS)})")
     epsilon = EPSILON if args["norm_eps"] is None else float(args["norm_eps"])
     return ConvNeXtOptions(tuple(args["depths"]), tuple(args["dims"]), act, bool(args["head_norm_first"]),
-                           bool(args["conv_mlp"]), args["kernel_sizes"],
+                           bool(args["conv_mlp"]), tuple(kernels),
                            args["patch_size"], bool(args["conv_bias"]), epsilon, num_classes)
 
 
@@ -120,7 +123,7 @@ def build(opts: ConvNeXtOptions, name: str, size) -> keras.Model:
             x = layers.Conv2D(width, 2, strides=2, use_bias=opts.bias, name=f"{name}_downsampling_conv_{stage - 1}")(x)
         for index in range(depth):
             block = f"{name}_stage_{stage}_block_{index}"
-            y = layers.DepthwiseConv2D(opts.kernel, padding="same", use_bias=opts.bias,
+            y = layers.DepthwiseConv2D(opts.kernels[stage], padding="same", use_bias=opts.bias,
                                        name=f"{block}_depthwise_conv")(x)
             y = _norm(opts, f"{block}_layernorm")(y)
             y = layers.Dense(4 * width, name=f"{block}_pointwise_conv_1")(y)
@@ -163,7 +166,7 @@ def expected_tensors(opts: ConvNeXtOptions, head: bool = True) -> dict[str, tupl
             out.update(_conv_tensors(f"stages.{stage}.downsample.1", width, opts.dims[stage - 1], 2, opts.bias))
         for index in range(depth):
             block = f"stages.{stage}.blocks.{index}"
-            out.update(_conv_tensors(f"{block}.conv_dw", width, 1, opts.kernel, opts.bias))
+            out.update(_conv_tensors(f"{block}.conv_dw", width, 1, opts.kernels[stage], opts.bias))
             out.update(_norm_tensors(f"{block}.norm", width))
             out.update({f"{block}.mlp.fc1.weight": (4 * width, width, *point), f"{block}.mlp.fc1.bias": (4 * width,),
                         f"{block}.mlp.fc2.weight": (width, 4 * width, *point), f"{block}.mlp.fc2.bias": (width,),

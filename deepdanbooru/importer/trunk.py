@@ -86,9 +86,10 @@ def _convnext_weights(opts, tensors, model, name, architecture, source):
     have, need = (opts.dims, opts.depths), (architecture.widths, architecture.repeats)
     if have != need:
         _mismatch(source, "(dims, depths)", name, have, need)
-    if (opts.kernel, opts.patch, opts.bias, opts.epsilon) != (7, 4, True, convnext.EPSILON):
+    registry = ((7,) * convnext.STAGES, 4, True, convnext.EPSILON)
+    if (opts.kernels, opts.patch, opts.bias, opts.epsilon) != registry:
         _mismatch(source, "(kernel_sizes, patch_size, conv_bias, norm_eps)", name,
-                  (opts.kernel, opts.patch, opts.bias, opts.epsilon), (7, 4, True, convnext.EPSILON))
+                  (opts.kernels, opts.patch, opts.bias, opts.epsilon), registry)
     out = convnext.trunk_weights(opts, tensors, name)
     out[f"{name}_layer_normalization_0"] = convnext._norm_weights(
         tensors, "norm_pre" if opts.head_norm_first else "head.norm")

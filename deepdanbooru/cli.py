@@ -520,7 +520,7 @@ def import_model(source, save_path, channel_order, overwrite):
     """
     if save_path is None:
         raise click.UsageError("give --save-path FILE.keras")
-    from deepdanbooru.importer.write import import_model as run
+    from deepdanbooru.models.timm.write import import_model as run
 
     run(source, save_path, channel_order=channel_order, overwrite=overwrite, echo=click.echo)
 

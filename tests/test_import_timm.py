@@ -46,7 +46,7 @@ def test_the_fixtures_cover_every_option_set():
     assert {a.get("fc_norm") for a in args if "embed_dim" in a} == {None, False, True}
     dtypes = set()
     for name in NAMES:
-        from deepdanbooru.importer.safetensors import read_header
+        from deepdanbooru.models.timm.safetensors import read_header
 
         dtypes |= {info.dtype for info in read_header(FIXTURES / name / "model.safetensors")[0].values()}
     assert dtypes == {"F32", "F16", "BF16"}
@@ -54,7 +54,7 @@ def test_the_fixtures_cover_every_option_set():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_imported_model_matches_timm(name):
-    from deepdanbooru.importer.checkpoint import import_checkpoint
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
 
     folder = FIXTURES / name
     imported = import_checkpoint(folder)
@@ -67,7 +67,7 @@ def test_imported_model_matches_timm(name):
 
 
 def test_channel_order_is_folded_in_and_matters():
-    from deepdanbooru.importer.checkpoint import import_checkpoint
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
 
     folder = FIXTURES / "convnext_wd"
     inputs = np.load(folder / "inputs.npy")
@@ -79,7 +79,7 @@ def test_channel_order_is_folded_in_and_matters():
 
 
 def test_safetensors_reader_widens_half_precision(tmp_path):
-    from deepdanbooru.importer.safetensors import read_tensors
+    from deepdanbooru.models.timm.safetensors import read_tensors
 
     values = np.array([1.5, -2.25, 65504.0, 2.0**-14], dtype=np.float32)
     half = values.astype("<f2").tobytes()
@@ -151,7 +151,7 @@ def _edit_config(folder, change):
 
 
 def _rewrite_tensors(folder, change):
-    from deepdanbooru.importer.safetensors import read_tensors
+    from deepdanbooru.models.timm.safetensors import read_tensors
 
     tensors = change(read_tensors(folder / "model.safetensors"))
     write_safetensors(folder / "model.safetensors",
@@ -231,8 +231,8 @@ def _features(model, layer_name, x, use_input=False):
 
 
 def test_backbone_weights_takes_a_timm_vit_folder(tmp_path, monkeypatch):
-    from deepdanbooru.importer import vit
-    from deepdanbooru.importer.checkpoint import import_checkpoint
+    from deepdanbooru.models.timm import vit
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
     from deepdanbooru.models import table
     from deepdanbooru.models.backbone import load_backbone_weights
     from deepdanbooru.models.builder import build_model
@@ -258,8 +258,8 @@ def test_backbone_weights_takes_a_timm_vit_folder(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_backbone_weights_takes_a_timm_convnext_folder(tmp_path):
-    from deepdanbooru.importer import convnext
-    from deepdanbooru.importer.checkpoint import import_checkpoint
+    from deepdanbooru.models.timm import convnext
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
     from deepdanbooru.models.backbone import load_backbone_weights
     from deepdanbooru.models.builder import build_model
 

@@ -11,6 +11,7 @@
     backbone.load_backbone_weights(model, name, path, input_shape)   backbone_weights
     backbone.build_trunk(name, input_shape) -> keras.Model  the model a trunk weights file is written from
     count_weights(model) -> (trainable, non_trainable)
+    timm.checkpoint.import_checkpoint(folder, channel_order=None)   a timm checkpoint folder as a Keras model
 
 `table` is standard library only; everything else imports Keras, so the names
 are resolved on first use and `import deepdanbooru.models.table` stays light.

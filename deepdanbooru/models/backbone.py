@@ -12,7 +12,7 @@ layer, in order, into our trunk:
 - .keras: a whole model of the same architecture, e.g. one of our exports
   trained on other tags (its head is ignored);
 - a timm checkpoint folder (config.json + model.safetensors) of a ViT or
-  ConvNeXt of the same size (importer.trunk).
+  ConvNeXt of the same size (models.timm.trunk).
 Keras reads the file, so a file of another architecture fails there; the
 layer-by-layer copy then names the first layer whose weights differ in shape.
 """
@@ -93,7 +93,7 @@ def load_backbone_weights(model: keras.Model, name: str, path, input_shape) -> i
     """Copy the trunk weights in `path` into `model`'s trunk; returns the number of layers loaded."""
     path = Path(path)
     if path.is_dir():
-        from deepdanbooru.importer.trunk import load_trunk
+        from deepdanbooru.models.timm.trunk import load_trunk
 
         return load_trunk(model, name, path)
     try:

@@ -21,7 +21,7 @@ import numpy as np
 from keras import layers
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.importer import parts
+from deepdanbooru.models.timm import parts
 
 EPSILON = 1e-6  # timm's LayerNorm
 # ViT sizes by name: (embed_dim, depth, num_heads), as timm's vit_<size>_patch<P>_<img> functions set them.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from deepdanbooru.errors import ModelError, file_field
 from deepdanbooru.fileio import write_text_atomic
-from deepdanbooru.importer.source import categories_json
+from deepdanbooru.models.timm.source import categories_json
 
 SUFFIX = ".keras"
 
@@ -51,7 +51,7 @@ def check_destination(path, overwrite: bool) -> Path:
 
 def import_model(source, save_path, channel_order=None, overwrite=False, echo=print) -> ImportReport:
     """Check everything, then write FILE.keras's tags (and categories) and the model itself, the model last."""
-    from deepdanbooru.importer.checkpoint import import_checkpoint
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
     from deepdanbooru.models.files import save_atomic
 
     path = check_destination(save_path, overwrite)

@@ -20,26 +20,19 @@ The checkpoint's head is ignored.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import keras
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.importer import convnext, parts, vit
-from deepdanbooru.importer.checkpoint import check_tensors, family_of, set_layer_weights
-from deepdanbooru.importer.safetensors import read_tensors
-from deepdanbooru.importer.source import CONFIG_FILE, read_source
+from deepdanbooru.models.timm import convnext, parts, vit
+from deepdanbooru.models.timm.checkpoint import check_tensors, family_of, set_layer_weights
+from deepdanbooru.models.timm.safetensors import read_tensors
+from deepdanbooru.models.timm.source import read_source
 from deepdanbooru.models.table import get_architecture
 
 # Head tensors the trunk ignores, per family.
 _HEADS = {vit: ("head.weight", "head.bias"), convnext: ("head.fc.weight", "head.fc.bias")}
 _REGISTRY_FAMILY = {vit: "vit", convnext: "convnext"}
-
-
-def is_checkpoint_folder(path) -> bool:
-    path = Path(path)
-    return path.is_dir() and (path / CONFIG_FILE).is_file()
 
 
 def _reference_normalisation(layer) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """A checkpoint folder in the Hugging Face timm layout: config.json, model.safetensors, selected_tags.csv.
 
-Standard library only (the tensors are read in importer.safetensors).
+Standard library only (the tensors are read in models.timm.safetensors).
 Only `architecture` and `model_args` decide what is built, as in
 timm.create_model; `pretrained_cfg` gives the input size and the mean and
 standard deviation the weights were trained with.
@@ -45,6 +45,11 @@ class CheckpointSource:
     @property
     def weights_path(self) -> Path:
         return self.folder / WEIGHTS_FILE
+
+
+def is_checkpoint_folder(path) -> bool:
+    path = Path(path)
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
 
 
 def _number_list(value, length: int, path: Path, field: str) -> tuple:

@@ -17,7 +17,7 @@ import numpy as np
 from keras import layers
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.importer import parts
+from deepdanbooru.models.timm import parts
 
 EPSILON = 1e-6  # timm's LayerNorm / LayerNorm2d
 # name -> (depths, dims, other model_args its timm function sets)

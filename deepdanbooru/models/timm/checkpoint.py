@@ -18,9 +18,9 @@ import keras
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.importer import convnext, parts, vit
-from deepdanbooru.importer.safetensors import read_header, read_tensors
-from deepdanbooru.importer.source import CheckpointSource, class_names, read_source
+from deepdanbooru.models.timm import convnext, parts, vit
+from deepdanbooru.models.timm.safetensors import read_header, read_tensors
+from deepdanbooru.models.timm.source import CheckpointSource, class_names, read_source
 
 # architecture-name prefix -> family module
 FAMILIES = {"vit_": vit, "convnext_": convnext}

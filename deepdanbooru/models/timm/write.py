@@ -1,8 +1,8 @@
 """import-model: a timm checkpoint folder -> FILE.keras, with its tags and categories beside it.
 
 Beside FILE.keras go the files the rest of the tool reads for a model:
-FILE.tags.txt (the head's rows in order, one tag a line: what --tags-path and
---source-tags take) and, when the folder has a selected_tags.csv,
+FILE.tags.txt (the head's rows in order, one tag a line; evaluate
+--model-path and train-project --source-model read it beside the model) and, when the folder has a selected_tags.csv,
 FILE.categories.json (DeepDanbooru's format, as download-tags writes: copy it
 with the tags into a project as tags.txt and categories.json, and
 evaluate-project, validation and export-bundle see ratings, general and

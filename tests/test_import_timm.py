@@ -64,6 +64,10 @@ def test_imported_model_matches_timm(name):
     assert np.abs(scores - timm_scores(folder)).max() < TOLERANCE
     tagger = (folder / "selected_tags.csv").is_file()
     assert imported.channel_order == ("bgr" if tagger else "rgb")
+    config = json.loads((folder / "config.json").read_text())
+    names = config.get("label_names") or [tag for tag in imported.tags if tagger] or \
+        [f"class_{index}" for index in range(7)]
+    assert list(imported.tags) == names
 
 
 def test_channel_order_is_folded_in_and_matters():

@@ -34,9 +34,9 @@ class CheckpointSource:
     std: tuple[float, float, float]
     channel_order: str
     channel_order_reason: str
-    # From selected_tags.csv (names, WD category ids), else None.
+    # Names from selected_tags.csv, else config.json's label_names when they can be tags, else None.
     tags: tuple[str, ...] | None
-    categories: tuple[int, ...] | None
+    categories: tuple[int, ...] | None  # WD category ids from selected_tags.csv, else None
 
     @property
     def config_path(self) -> Path:
@@ -95,15 +95,16 @@ def read_source(folder, channel_order: str | None = None, need_head: bool = True
         raise ModelError(file_field(path, "model_args", "must be a JSON object"))
     # timm.create_model drops null arguments: the architecture's default applies.
     model_args = {key: value for key, value in model_args.items() if value is not None}
-    num_classes = model_args.get("num_classes", config.get("num_classes"))
+    pretrained = config.get("pretrained_cfg", {})
+    if not isinstance(pretrained, dict):
+        raise ModelError(file_field(path, "pretrained_cfg", "must be a JSON object"))
+    # As timm.create_model: model_args first, then the top-level num_classes, then pretrained_cfg's.
+    num_classes = model_args.get("num_classes", config.get("num_classes", pretrained.get("num_classes")))
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
         raise ModelError(file_field(path, "num_classes", f"must be a non-negative integer, got {num_classes!r}"))
     if need_head and num_classes == 0:
         raise ModelError(file_field(path, "num_classes", "is 0: the checkpoint has no head to import (a trunk "
                                                          "without head can start training as backbone_weights)"))
-    pretrained = config.get("pretrained_cfg", {})
-    if not isinstance(pretrained, dict):
-        raise ModelError(file_field(path, "pretrained_cfg", "must be a JSON object"))
     try:
         size = pretrained["input_size"]
         mean, std = pretrained["mean"], pretrained["std"]
@@ -112,11 +113,17 @@ def read_source(folder, channel_order: str | None = None, need_head: bool = True
     channels, height, width = _number_list(size, 3, path, "pretrained_cfg.input_size")
     if channels != 3 or not all(isinstance(d, int) and d > 0 for d in (height, width)):
         raise ModelError(file_field(path, "pretrained_cfg.input_size", f"must be [3, height, width], got {size!r}"))
+    if pretrained.get("fixed_input_size") and "img_size" not in model_args:
+        # timm builds a model whose pretrained_cfg says fixed_input_size (ViTs do) for input_size.
+        model_args = {**model_args, "img_size": [height, width]}
     mean = _number_list(mean, 3, path, "pretrained_cfg.mean")
     std = _number_list(std, 3, path, "pretrained_cfg.std")
     if not all(s > 0 for s in std):
         raise ModelError(file_field(path, "pretrained_cfg.std", f"must be positive, got {list(std)}"))
     tags = categories = None
+    labels = config.get("label_names", pretrained.get("label_names"))
+    if _usable_labels(labels, num_classes):
+        tags = tuple(labels)
     tags_path = folder / TAGS_FILE
     if tags_path.is_file():
         tags, categories = read_selected_tags(tags_path)
@@ -124,8 +131,8 @@ def read_source(folder, channel_order: str | None = None, need_head: bool = True
             raise ModelError(file_field(tags_path, None, f"has {len(tags)} tag rows but the head has {num_classes} "
                                                          f"outputs (num_classes of {path})"))
     if channel_order is None:
-        channel_order = "bgr" if tags is not None else "rgb"
-        reason = (f"bgr: {TAGS_FILE} marks a WD tagger, trained on BGR" if tags is not None else
+        channel_order = "bgr" if categories is not None else "rgb"
+        reason = (f"bgr: {TAGS_FILE} marks a WD tagger, trained on BGR" if categories is not None else
                   f"rgb: no {TAGS_FILE}, so not a WD tagger; timm's own checkpoints expect RGB")
     else:
         channel_order = channel_order.lower()
@@ -134,6 +141,12 @@ def read_source(folder, channel_order: str | None = None, need_head: bool = True
         reason = f"{channel_order}: as given"
     return CheckpointSource(folder, architecture, num_classes, model_args, (height, width), mean, std,
                             channel_order, reason, tags, categories)
+
+
+def _usable_labels(labels, count: int) -> bool:
+    """label_names that can be tags: one per output, unique, no whitespace (else outputs are class_N)."""
+    return (isinstance(labels, list) and len(labels) == count and len(set(labels)) == count
+            and all(isinstance(label, str) and label and not any(ch.isspace() for ch in label) for label in labels))
 
 
 def read_selected_tags(path) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -174,7 +187,7 @@ def read_selected_tags(path) -> tuple[tuple[str, ...], tuple[int, ...]]:
 
 
 def class_names(source: CheckpointSource) -> tuple[str, ...]:
-    """The head's row names: selected_tags.csv's, else class_0, class_1, ... (an ImageNet head names none)."""
+    """The head's row names: selected_tags.csv's or label_names, else class_0, class_1, ..."""
     if source.tags is not None:
         return source.tags
     digits = len(str(source.num_classes - 1))

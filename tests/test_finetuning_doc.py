@@ -69,6 +69,7 @@ def test_every_command_of_the_page_runs(tmp_path, monkeypatch):
         outputs[args[1]] = result.output
     assert "Channel order the weights expect: bgr" in outputs["import-model"]
     assert "Tags of my-pictures/0001.png" in outputs["evaluate"]
-    assert re.search(r"--source-model wd-vit-tagger-v3.keras: kept 2 tags, \d+ new, 5 dropped", outputs["train-project"])
+    assert re.search(r"--source-model wd-vit-tagger-v3.keras: kept 2 tags, \d+ new, 5 dropped",
+                     outputs["train-project"])
     assert (tmp_path / "my-bundle" / "model.onnx").is_file()
     assert (tmp_path / "my-bundle" / "selected_tags.csv").read_text().startswith("tag_id,name,category,count\n")

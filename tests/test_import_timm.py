@@ -113,8 +113,9 @@ _PLAIN = textwrap.dedent(
     """
     import sys
     import keras, numpy as np
-    model = keras.models.load_model(sys.argv[1], compile=False)
-    np.save(sys.argv[3], keras.ops.convert_to_numpy(model(np.load(sys.argv[2]))))
+    for model_path, inputs, outputs in zip(*[iter(sys.argv[1:])] * 3):
+        model = keras.models.load_model(model_path, compile=False)
+        np.save(outputs, keras.ops.convert_to_numpy(model(np.load(inputs))))
     assert "deepdanbooru" not in sys.modules
     """
 )
@@ -122,24 +123,27 @@ _PLAIN = textwrap.dedent(
 
 @pytest.mark.slow
 def test_import_model_writes_a_plain_keras_model_with_its_tags(tmp_path):
-    folder = FIXTURES / "vit_wd"
-    target = tmp_path / "wd.keras"
-    result = run_cli("import-model", folder, "--output", target)
-    assert result.exit_code == 0, result.output
-    assert "Channel order the weights expect: bgr: selected_tags.csv marks a WD tagger" in result.output
-    assert (tmp_path / "wd.tags.txt").read_text().split() == \
+    arguments = []
+    for name in ("vit_wd", "swinv2_wd", "convnext_wd"):
+        target = tmp_path / f"{name}.keras"
+        result = run_cli("import-model", FIXTURES / name, "--output", target)
+        assert result.exit_code == 0, result.output
+        assert "Channel order the weights expect: bgr: selected_tags.csv marks a WD tagger" in result.output
+        arguments += [str(target), str(FIXTURES / name / "inputs.npy"), str(tmp_path / f"{name}.npy")]
+    assert (tmp_path / "vit_wd.tags.txt").read_text().split() == \
         ["general", "sensitive", "questionable", "explicit", "1girl", "solo", "hatsune_miku"]
     from deepdanbooru.project.categories import parse_categories
 
-    categories = parse_categories((tmp_path / "wd.categories.json").read_text(), "x", 7)
+    categories = parse_categories((tmp_path / "vit_wd.categories.json").read_text(), "x", 7)
     assert categories == [9, 9, 9, 9, 0, 0, 4]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("PYTHONPATH", None)
-    subprocess.run([sys.executable, "-c", _PLAIN, str(target), str(folder / "inputs.npy"), str(tmp_path / "y.npy")],
-                   check=True, capture_output=True, env=env, cwd=tmp_path)
-    assert np.abs(np.load(tmp_path / "y.npy") - timm_scores(folder)).max() < TOLERANCE
-    again = run_cli("import-model", folder, "--save-path", target)
-    assert again.exit_code == 2 and "wd.keras: already exists; use --overwrite" in again.output
+    subprocess.run([sys.executable, "-c", _PLAIN, *arguments], check=True, capture_output=True, env=env,
+                   cwd=tmp_path)
+    for name in ("vit_wd", "swinv2_wd", "convnext_wd"):
+        assert np.abs(np.load(tmp_path / f"{name}.npy") - timm_scores(FIXTURES / name)).max() < TOLERANCE
+    again = run_cli("import-model", FIXTURES / "vit_wd", "--save-path", tmp_path / "vit_wd.keras")
+    assert again.exit_code == 2 and "vit_wd.keras: already exists; use --overwrite" in again.output
 
 
 def _copy(name, tmp_path) -> Path:
@@ -168,7 +172,8 @@ def _drop(name):
 
 BAD = {
     "unknown architecture": (lambda f: _edit_config(f, lambda c: c.update(architecture="resnet50")),
-                             r"config.json: architecture: 'resnet50' is not supported; supported: vit_\{.*convnext_\{"),
+                             r"config.json: architecture: 'resnet50' is not supported; "
+                             r"supported: vit_\{.*convnext_\{.*swinv2_\{"),
     "no model_args": (lambda f: _edit_config(f, lambda c: c.pop("model_args")),
                       r"config.json: model_args: missing: timm builds the model from architecture and model_args"),
     "unknown model_args": (lambda f: _edit_config(f, lambda c: c["model_args"].update(qk_norm=True)),

@@ -6,6 +6,6 @@
     source.read_source(folder, channel_order=None)      config.json and selected_tags.csv (standard library)
     source.is_checkpoint_folder(path)                   a folder with config.json (standard library)
 
-Per family (vit.py, convnext.py): options from (architecture, model_args), a builder of built-in Keras
+Per family (vit.py, convnext.py, swinv2.py): options from (architecture, model_args), a builder of built-in Keras
 layers, and the table of checkpoint tensors -> layer weights.
 """

@@ -18,13 +18,13 @@ import keras
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.models.timm import convnext, parts, vit
+from deepdanbooru.models.timm import convnext, parts, swinv2, vit
 from deepdanbooru.models.timm.safetensors import read_header, read_tensors
 from deepdanbooru.models.timm.source import CheckpointSource, class_names, read_source
 
 # architecture-name prefix -> family module
-FAMILIES = {"vit_": vit, "convnext_": convnext}
-SUPPORTED = f"{vit.SUPPORTED}, {convnext.SUPPORTED}"
+FAMILIES = {"vit_": vit, "convnext_": convnext, "swinv2_": swinv2}
+SUPPORTED = f"{vit.SUPPORTED}, {convnext.SUPPORTED}, {swinv2.SUPPORTED}"
 
 
 @dataclass(frozen=True)

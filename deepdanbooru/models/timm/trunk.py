@@ -95,6 +95,10 @@ def load_trunk(model: keras.Model, name: str, folder, channel_order: str | None 
     source = read_source(folder, channel_order, need_head=False)
     family = family_of(source)
     architecture = get_architecture(name)
+    if family not in _REGISTRY_FAMILY:
+        raise ModelError(file_field(source.config_path, "architecture",
+                                    f"a {source.architecture} checkpoint has no model in the registry to start "
+                                    "(timm ViT and ConvNeXt trunks can; import-model takes it whole)"))
     if architecture.family != _REGISTRY_FAMILY[family]:
         raise ModelError(file_field(source.config_path, "architecture",
                                     f"a {source.architecture} checkpoint cannot start {name} (a {architecture.family} "

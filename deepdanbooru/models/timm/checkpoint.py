@@ -2,7 +2,7 @@
 
 Each family module gives: `options(architecture, model_args, num_classes,
 config_path)` (refuses what it cannot build), `input_size(options,
-pretrained_size)`, `build(options, name, input_size)`,
+pretrained_size, config_path)`, `build(options, name, input_size)`,
 `expected_tensors(options)` (the checkpoint's names and shapes) and
 `layer_weights(options, tensors, fold, name)` (layer name -> weights: the
 table of source tensor -> layer weight with its transform; `name` prefixes
@@ -87,7 +87,7 @@ def import_checkpoint(folder, channel_order: str | None = None) -> ImportedModel
     expected = family.expected_tensors(opts)
     check_tensors(source.weights_path, expected)
     tensors = read_tensors(source.weights_path, expected)
-    size = family.input_size(opts, source.input_size)
+    size = family.input_size(opts, source.input_size, source.config_path)
     model = family.build(opts, source.architecture, size)
 
     def fold(kernel, bias):

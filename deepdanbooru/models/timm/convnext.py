@@ -63,25 +63,20 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> Conv
     if size not in SIZES:
         raise ModelError(file_field(path, "architecture", f"{architecture!r} is not a supported ConvNeXt "
                                                           f"({SUPPORTED})"))
-    unknown = sorted(set(model_args) - set(_KNOWN))
-    if unknown:
-        raise ModelError(file_field(path, f"model_args.{unknown[0]}", f"is not supported for {architecture} "
-                                                                       f"(supported: {', '.join(_KNOWN)})"))
     depths, dims, extra = SIZES[size]
-    args = {"depths": depths, "dims": dims, "act_layer": "gelu", "head_norm_first": False,
-            "conv_mlp": False, "kernel_sizes": 7, "patch_size": 4, "conv_bias": True, "norm_eps": None,
-            "in_chans": 3, "global_pool": "avg", "output_stride": 32, **extra, **model_args}
+    args = parts.merged_args(architecture, model_args, _KNOWN, {
+        "depths": depths, "dims": dims, "head_norm_first": False, "conv_mlp": False, "kernel_sizes": 7,
+        "patch_size": 4, "conv_bias": True, "norm_eps": None, "global_pool": "avg", "output_stride": 32, **extra},
+        path)
 
     def fail(field, message):
-        raise ModelError(file_field(path, f"model_args.{field}", message))
+        parts.fail(path, field, message)
 
     for field in ("depths", "dims"):
         value = args[field]
         if (not isinstance(value, (list, tuple)) or len(value) != STAGES
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
             fail(field, f"must be {STAGES} positive integers, got {value!r}")
-    if args["in_chans"] != 3:
-        fail("in_chans", f"must be 3 (RGB images), got {args['in_chans']!r}")
     if args["global_pool"] != "avg":
         fail("global_pool", f"{args['global_pool']!r} is not supported (avg)")
     if args["output_stride"] != 32:
@@ -91,20 +86,18 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> Conv
     if (not isinstance(kernels, (list, tuple)) or len(kernels) != STAGES
             or not all(isinstance(k, int) and k > 0 and k % 2 for k in kernels)):
         fail("kernel_sizes", f"must be an odd integer or {STAGES} of them, got {args['kernel_sizes']!r}")
-    act = args["act_layer"] or "gelu"
-    if act not in parts.ACTIVATIONS:
-        fail("act_layer", f"{act!r} is not supported (supported: {', '.join(parts.ACTIVATIONS)})")
+    act = args["act_layer"]
     epsilon = EPSILON if args["norm_eps"] is None else float(args["norm_eps"])
     return ConvNeXtOptions(tuple(args["depths"]), tuple(args["dims"]), act, bool(args["head_norm_first"]),
                            bool(args["conv_mlp"]), tuple(kernels),
                            args["patch_size"], bool(args["conv_bias"]), epsilon, num_classes)
 
 
-def input_size(opts: ConvNeXtOptions, pretrained_size) -> tuple[int, int]:
+def input_size(opts: ConvNeXtOptions, pretrained_size, path=None) -> tuple[int, int]:
     minimum = opts.patch * 2**_DOWNSAMPLINGS
     if min(pretrained_size) < minimum:
-        raise ModelError(f"pretrained_cfg.input_size {list(pretrained_size)}: this ConvNeXt needs at least "
-                         f"{minimum}x{minimum}")
+        raise ModelError(file_field(path, "pretrained_cfg.input_size", f"{list(pretrained_size)}: this ConvNeXt "
+                                                                       f"needs at least {minimum}x{minimum}"))
     return tuple(pretrained_size)
 
 

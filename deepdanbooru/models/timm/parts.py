@@ -18,12 +18,31 @@ import math
 import numpy as np
 from keras import layers, ops
 
-from deepdanbooru.errors import ModelError
+from deepdanbooru.errors import ModelError, file_field
 
 _GELU_TANH_CUBIC = 0.044715
 _GELU_TANH_SCALE = 2.0 * math.sqrt(2.0 / math.pi)
 # timm names -> what builds them; "gelu" is torch's exact GELU.
 ACTIVATIONS = ("gelu", "gelu_tanh")
+
+
+def fail(path, field: str, message: str):
+    raise ModelError(file_field(path, f"model_args.{field}", message))
+
+
+def merged_args(architecture: str, model_args: dict, known, defaults: dict, path) -> dict:
+    """The architecture's defaults with model_args over them; an argument the family does not know is refused,
+    and so is an image that is not RGB. The activation is checked here too (every family takes act_layer)."""
+    unknown = sorted(set(model_args) - set(known))
+    if unknown:
+        fail(path, unknown[0], f"is not supported for {architecture} (supported: {', '.join(known)})")
+    args = {"in_chans": 3, "act_layer": "gelu", **defaults, **model_args}
+    if args["in_chans"] != 3:
+        fail(path, "in_chans", f"must be 3 (RGB images), got {args['in_chans']!r}")
+    args["act_layer"] = args["act_layer"] or "gelu"
+    if args["act_layer"] not in ACTIVATIONS:
+        fail(path, "act_layer", f"{args['act_layer']!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+    return args
 
 
 def ones_like_batch(image):

@@ -71,26 +71,18 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> Swin
     match = NAME_PATTERN.fullmatch(architecture)
     if not match:
         raise ModelError(file_field(path, "architecture", f"{architecture!r} is not a plain SwinV2 ({SUPPORTED})"))
-    unknown = sorted(set(model_args) - set(_KNOWN))
-    if unknown:
-        raise ModelError(file_field(path, f"model_args.{unknown[0]}", f"is not supported for {architecture} "
-                                                                       f"(supported: {', '.join(_KNOWN)})"))
     embed, depths, heads = SIZES[match.group(1)]
-    args = {"img_size": int(match.group(3)), "window_size": int(match.group(2)), "embed_dim": embed,
-            "depths": depths, "num_heads": heads, "patch_size": 4, "mlp_ratio": 4.0, "qkv_bias": True,
-            "act_layer": "gelu", "pretrained_window_sizes": (0, 0, 0, 0), "in_chans": 3, "global_pool": "avg",
-            **model_args}
+    args = parts.merged_args(architecture, model_args, _KNOWN, {
+        "img_size": int(match.group(3)), "window_size": int(match.group(2)), "embed_dim": embed, "depths": depths,
+        "num_heads": heads, "patch_size": 4, "mlp_ratio": 4.0, "qkv_bias": True,
+        "pretrained_window_sizes": (0, 0, 0, 0), "global_pool": "avg"}, path)
 
     def fail(field, message):
-        raise ModelError(file_field(path, f"model_args.{field}", message))
+        parts.fail(path, field, message)
 
-    if args["in_chans"] != 3:
-        fail("in_chans", f"must be 3 (RGB images), got {args['in_chans']!r}")
     if args["global_pool"] != "avg":
         fail("global_pool", f"{args['global_pool']!r} is not supported (avg)")
-    act = args["act_layer"] or "gelu"
-    if act not in parts.ACTIVATIONS:
-        fail("act_layer", f"{act!r} is not supported (supported: {', '.join(parts.ACTIVATIONS)})")
+    act = args["act_layer"]
     size = args["img_size"]
     size = (size, size) if isinstance(size, int) else tuple(size)
     window = args["window_size"]
@@ -125,7 +117,7 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> Swin
                          num_classes)
 
 
-def input_size(opts: SwinV2Options, pretrained_size) -> tuple[int, int]:
+def input_size(opts: SwinV2Options, pretrained_size, path=None) -> tuple[int, int]:
     # Windows and masks are made for img_size; timm refuses any other size unless built dynamic.
     return opts.img_size
 

@@ -86,21 +86,15 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTO
     match = NAME_PATTERN.fullmatch(architecture)
     if not match:
         raise ModelError(file_field(path, "architecture", f"{architecture!r} is not a plain ViT ({SUPPORTED})"))
-    unknown = sorted(set(model_args) - set(_KNOWN))
-    if unknown:
-        raise ModelError(file_field(path, f"model_args.{unknown[0]}", f"is not supported for {architecture} "
-                                                                       f"(supported: {', '.join(_KNOWN)})"))
     width, depth, heads = SIZES[match.group(1)]
-    args = {"patch_size": int(match.group(2)), "img_size": int(match.group(3)), "embed_dim": width, "depth": depth,
-            "num_heads": heads, "mlp_ratio": 4.0, "qkv_bias": True, "init_values": None, "class_token": True,
-            "no_embed_class": False, "reg_tokens": 0, "global_pool": "token", "fc_norm": None, "act_layer": "gelu",
-            "in_chans": 3, "final_norm": True, **model_args}
+    args = parts.merged_args(architecture, model_args, _KNOWN, {
+        "patch_size": int(match.group(2)), "img_size": int(match.group(3)), "embed_dim": width, "depth": depth,
+        "num_heads": heads, "mlp_ratio": 4.0, "qkv_bias": True, "init_values": None, "class_token": True,
+        "no_embed_class": False, "reg_tokens": 0, "global_pool": "token", "fc_norm": None, "final_norm": True}, path)
 
     def fail(field, message):
-        raise ModelError(file_field(path, f"model_args.{field}", message))
+        parts.fail(path, field, message)
 
-    if args["in_chans"] != 3:
-        fail("in_chans", f"must be 3 (RGB images), got {args['in_chans']!r}")
     if not args["final_norm"]:
         fail("final_norm", "false is not supported")
     pool = args["global_pool"]
@@ -108,9 +102,7 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTO
         fail("global_pool", f"{pool!r} is not supported (supported: {', '.join(POOLS)})")
     if pool == "token" and not args["class_token"]:
         fail("global_pool", "token pooling needs class_token true")
-    act = args["act_layer"] or "gelu"
-    if act not in parts.ACTIVATIONS:
-        fail("act_layer", f"{act!r} is not supported (supported: {', '.join(parts.ACTIVATIONS)})")
+    act = args["act_layer"]
     img_size, patch = _pair(args["img_size"], "img_size", path), args["patch_size"]
     if not isinstance(patch, int) or patch <= 0 or img_size[0] % patch or img_size[1] % patch:
         fail("patch_size", f"{patch!r} must be a positive integer dividing img_size {list(img_size)}")
@@ -123,7 +115,7 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTO
                       int(args["reg_tokens"]), bool(args["no_embed_class"]), pool, fc_norm, act, num_classes)
 
 
-def input_size(opts: ViTOptions, pretrained_size) -> tuple[int, int]:
+def input_size(opts: ViTOptions, pretrained_size, path=None) -> tuple[int, int]:
     # The position table is made for img_size; timm refuses any other size unless built dynamic.
     return opts.img_size
 

@@ -534,6 +534,33 @@ def conv2tflite(project_path, model_path, save_path, optimize_default, optimize_
             output_format=output_format, tolerance=tolerance, sample_images=sample_images, echo=click.echo)
 
 
+@main.command("import-model")
+@click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--save-path", type=click.Path(dir_okay=False, path_type=str),
+              help="The Keras model to write (FILE.keras; FILE.tags.txt and, with selected_tags.csv, "
+                   "FILE.categories.json go beside it).  [required]")
+@alias("--output", "save_path", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--channel-order", type=click.Choice(["rgb", "bgr"]),
+              help="The channel order the checkpoint's weights expect  [default: bgr when SOURCE has a "
+                   "selected_tags.csv (WD taggers), else rgb].")
+@click.option("--overwrite", is_flag=True, help="Replace FILE.keras and the files beside it.")
+def import_model(source, save_path, channel_order, overwrite):
+    """Import the timm checkpoint folder SOURCE (config.json, model.safetensors, optionally selected_tags.csv).
+
+    The written model is a plain Keras model (keras.models.load_model opens it
+    without deepdanbooru): RGB in [0, 1] at the checkpoint's input size, the
+    checkpoint's mean, std and channel order folded in, one sigmoid score per
+    head row. Supported: timm's VisionTransformer, ConvNeXt and
+    SwinTransformerV2 (WD v3's ViT, ConvNeXt and SwinV2 taggers); see
+    docs/finetuning.md. Nothing is downloaded.
+    """
+    if save_path is None:
+        raise click.UsageError("give --save-path FILE.keras")
+    from deepdanbooru.models.timm.write import import_model as run
+
+    run(source, save_path, channel_order=channel_order, overwrite=overwrite, echo=click.echo)
+
+
 @main.command("export-bundle")
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.argument("save_path", type=click.Path(dir_okay=True, file_okay=False, path_type=str))

@@ -38,6 +38,7 @@ VOCABULARY: tuple[Term, ...] = (
          ("--output",), deepdanbooru=True),
     Term("--thresholds-csv", "per-tag thresholds written by training"),
     Term("--database", "the dataset's SQLite file (project.json's database_path)"),
+    Term("--channel-order", "the channel order (rgb or bgr) an imported checkpoint's weights expect"),
     Term("--sample-image", "an image to also compare on (repeatable)"),
     # What is written and how.
     Term("--overwrite", "replace files that already exist", ("--force",), deepdanbooru=True),

@@ -66,7 +66,9 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
         raise ModelSourceError("give --project-path, or --model-path with --tags-path")
     config = load_config(project_path, uses=MODEL_KEYS) if project_path is not None else None
     if model_path is not None and tags_path is None and config is None:
-        raise ModelSourceError("--model-path needs --tags-path (the tags.txt the model was trained with)")
+        tags_path = tags_beside(Path(model_path))
+        if tags_path is None:
+            raise ModelSourceError("--model-path needs --tags-path (the tags.txt the model was trained with)")
     if model_path is not None:
         model, kind = Path(model_path), _given_kind(Path(model_path), config)
     else:
@@ -81,6 +83,12 @@ def _given_kind(model: Path, config: ProjectConfig | None) -> str:
     if config is not None and model.name == ProjectPaths(config.project_dir).best_export(config.model).name:
         return "the project's best model (--model-path)"
     return "the file given with --model-path"
+
+
+def tags_beside(model: Path) -> Path | None:
+    """The `<stem>.tags.txt` import-model writes beside the model it imports, if there is one."""
+    candidate = model.with_name(f"{model.stem.removesuffix('.float32')}.tags.txt")
+    return candidate if candidate.is_file() else None
 
 
 def thresholds_beside(model: Path) -> Path | None:

@@ -12,6 +12,7 @@
     backbone.load_backbone_weights(model, name, path, input_shape)   backbone_weights
     backbone.build_trunk(name, input_shape) -> keras.Model  the model a trunk weights file is written from
     count_weights(model) -> (trainable, non_trainable)
+    timm.checkpoint.import_checkpoint(folder, channel_order=None)   a timm checkpoint folder as a Keras model
 
 The models themselves are registered in deepdanbooru.registry. `table` and
 `counts` are standard library only; everything else imports Keras, so the

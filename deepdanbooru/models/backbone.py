@@ -10,7 +10,9 @@ layer, in order, into our trunk:
   e.g. its ImageNet `_notop.h5`); for resnet_* and vit_*, `build_trunk(name,
   input_shape)` of this module;
 - .keras: a whole model of the same architecture, e.g. one of our exports
-  trained on other tags (its head is ignored).
+  trained on other tags (its head is ignored);
+- a timm checkpoint folder (config.json + model.safetensors) of a ViT or
+  ConvNeXt of the same size (models.timm.trunk).
 Keras reads the file, so a file of another architecture fails there; the
 layer-by-layer copy then names the first layer whose weights differ in shape.
 """
@@ -90,6 +92,10 @@ def _shapes(layer) -> str:
 def load_backbone_weights(model: keras.Model, name: str, path, input_shape) -> int:
     """Copy the trunk weights in `path` into `model`'s trunk; returns the number of layers loaded."""
     path = Path(path)
+    if path.is_dir():
+        from deepdanbooru.models.timm.trunk import load_trunk
+
+        return load_trunk(model, name, path)
     try:
         reference = _reference(name, path, input_shape)
     except ModelError:

@@ -1,11 +1,19 @@
-"""Opening model files: ours (.keras) and DeepDanbooru 1.0's (.keras, legacy .h5)."""
+"""Opening model files: ours (.keras) and DeepDanbooru 1.0's (.keras, legacy .h5); saving one whole or not at all.
+
+A save goes to a private directory beside the target and is renamed into
+place when complete; Keras is told to stage the weights on disk there rather
+than in memory (compat.weights_staged_on_disk).
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import keras
 
+from deepdanbooru import compat
 from deepdanbooru.errors import ModelError, file_field
 
 MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
@@ -56,3 +64,36 @@ def _single_input_output(model, path):
         model = keras.Model(model.inputs[0], model.outputs[0], name=model.name)
     return model
 
+
+PARTIAL = ".partial-"
+
+
+def _partial_dir(path: Path) -> Path:
+    # Hidden, beside the target (same file system, so the rename is atomic); the pid keeps two writers apart.
+    return path.with_name(f".{path.stem}{PARTIAL}{os.getpid()}")
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def save_atomic(model: keras.Model, path) -> Path:
+    """Save `model` into a staging directory beside `path`, then rename the file into place."""
+    path = Path(path)
+    if getattr(model, "optimizer", None) is not None:
+        raise ValueError("refusing to export a compiled model: Keras would write its optimizer state")
+    staging = _partial_dir(path)
+    staging.mkdir(exist_ok=True)
+    partial = staging / path.name  # still ending in .keras: Keras checks the suffix
+    try:
+        with compat.weights_staged_on_disk():
+            model.save(partial)
+        _fsync(partial)
+        os.replace(partial, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path

@@ -367,7 +367,8 @@ KEYS: tuple[Key, ...] = (
     Key("backbone_weights", None, _optional_path,
         "weights for the model's trunk, loaded when training starts from scratch (the head starts fresh); "
         "a relative path is resolved against the project directory; see docs/training.md", "str or null",
-        "a .weights.h5 / .h5 of the trunk, or a .keras model of the same architecture", spec=False),
+        "a .weights.h5 / .h5 of the trunk, a .keras model of the same architecture, or a timm checkpoint folder "
+        "(config.json + model.safetensors) of a ViT or ConvNeXt of the same size", spec=False),
     Key("freeze_backbone_epochs", 0, _int(0),
         "train only the head (trunk frozen, its batch norm on moving statistics) for the first N epochs",
         "int", ">= 0", spec=False),
@@ -472,7 +473,11 @@ class ProjectConfig:
     def require_backbone_weights(self) -> Path | None:
         """The backbone_weights path, checked to exist (null: None)."""
         path = self.backbone_weights
-        if path is not None and not path.is_file():
+        if path is not None and path.is_dir() and not (path / "config.json").is_file():
+            raise ConfigError(file_field(self.config_path, "backbone_weights",
+                                         f"folder {path} has no config.json (a timm checkpoint folder has "
+                                         "config.json and model.safetensors)"))
+        if path is not None and not path.exists():
             raise ConfigError(file_field(self.config_path, "backbone_weights", f"file not found: {path}"))
         return path
 

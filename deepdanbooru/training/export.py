@@ -5,54 +5,22 @@ include_optimizer says, so the trainer never compiles the model it trains,
 and `export_model` refuses a model that carries an optimizer.
 
 Each save goes to a private directory beside the target and is renamed into
-place when complete; Keras is told to stage the weights on disk there rather
-than in memory (compat.weights_staged_on_disk).
+place when complete (models.files.save_atomic, shared with import-model).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import keras
 
-from deepdanbooru import compat
+from deepdanbooru.models.files import PARTIAL as _PARTIAL
+from deepdanbooru.models.files import save_atomic
 from deepdanbooru.models.precision import with_policy
 from deepdanbooru.training.strategy import portable_batch_norm
 
-_PARTIAL = ".partial-"
-
-
-def _partial_dir(path: Path) -> Path:
-    # Hidden, beside the target (same file system, so the rename is atomic); the pid keeps two writers apart.
-    return path.with_name(f".{path.stem}{_PARTIAL}{os.getpid()}")
-
-
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def save_atomic(model: keras.Model, path) -> Path:
-    """Save `model` into a staging directory beside `path`, then rename the file into place."""
-    path = Path(path)
-    if getattr(model, "optimizer", None) is not None:
-        raise ValueError("refusing to export a compiled model: Keras would write its optimizer state")
-    staging = _partial_dir(path)
-    staging.mkdir(exist_ok=True)
-    partial = staging / path.name  # still ending in .keras: Keras checks the suffix
-    try:
-        with compat.weights_staged_on_disk():
-            model.save(partial)
-        _fsync(partial)
-        os.replace(partial, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
+__all__ = ["export_model", "remove_partial_exports", "save_atomic"]
 
 
 def export_model(model: keras.Model, path, float32_copy: Path | None = None) -> list[Path]:

@@ -45,13 +45,16 @@ class TrainingPlan:
 
 
 def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
-    """--source-tags FILE; else the `<stem>.thresholds.csv` that training writes beside each export; else None."""
+    """--source-tags FILE; else the `<stem>.thresholds.csv` that training writes beside each export; else the
+    `<stem>.tags.txt` import-model writes; else None."""
     if source_tags is not None:
         return tuple(load_tags(source_tags))
     stem = source_model.stem.removesuffix(".float32")
     sidecar = source_model.with_name(stem + ".thresholds.csv")
     if not sidecar.is_file():
-        return None
+        # import-model writes the imported model's tags there.
+        imported = source_model.with_name(stem + ".tags.txt")
+        return tuple(load_tags(imported)) if imported.is_file() else None
     from deepdanbooru.scoring.thresholds import read_thresholds_csv
 
     return tuple(read_thresholds_csv(sidecar))

@@ -1,0 +1,95 @@
+"""Shards in and out of the graph: the picture fitted to the training box as JPEG bytes, and reading it back.
+
+Training visits records in a seeded permutation, so a slice needs random
+access into the shards; TensorFlow's record readers only read forwards (an
+offset is skipped by reading up to it: 7-10 ms a record in 150 MB files), so
+the Example bytes are sliced from memory-mapped shards by the offsets in the
+index, then parsed in the graph. The picture then takes the same decode, fit
+and warp ops as an original file.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+
+import numpy as np
+import tensorflow as tf
+
+from deepdanbooru.pipeline.decode import decode_for_box
+from deepdanbooru.pipeline.transform import fit_into_box
+from deepdanbooru.project.shards import JPEG_QUALITY
+
+FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "labels": tf.io.VarLenFeature(tf.int64),
+    "key": tf.io.FixedLenFeature([], tf.string),
+}
+
+
+class ShardReader:
+    """Example bytes by image path, from memory-mapped shards; b"" for a picture the shards do not hold."""
+
+    def __init__(self, index):
+        self.index = index
+        self._maps = []
+        for path in index.files:
+            try:
+                with open(path, "rb") as handle:
+                    self._maps.append(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                                      if handle.seek(0, 2) else b"")
+            except FileNotFoundError:
+                self._maps.append(b"")
+
+    def read(self, path) -> bytes:
+        if isinstance(path, (bytes, np.bytes_)):
+            path = path.decode("utf-8")
+        location = self.index.locations.get(path)
+        if location is None:
+            return b""
+        number, offset, length = location
+        data = self._maps[number][offset:offset + length]
+        return bytes(data) if len(data) == length else b""
+
+    def diagnose(self, path, max_image_pixels) -> str:
+        from deepdanbooru.pipeline.badimages import UNEXPLAINED, diagnose_bytes
+
+        path = str(path)
+        known = self.index.known_reason(path)
+        if known:
+            return known
+        try:
+            image = tf.io.parse_single_example(self.read(path), FEATURES)["image"].numpy()
+        except tf.errors.OpError:
+            return f"cannot be decoded: its record in {self.index.directory} is damaged; `{self.index.rebuild}`"
+        return diagnose_bytes(image, max_image_pixels) or UNEXPLAINED
+
+    def picture_bytes(self, path):
+        """In the graph: the packed picture of the record at `path` (a scalar string tensor)."""
+        data = tf.numpy_function(self.read, [path], tf.string, stateful=False)
+        data = tf.ensure_shape(data, [])
+        return tf.io.parse_single_example(data, FEATURES)["image"]
+
+
+@functools.lru_cache(maxsize=8)
+def fit_function(box, max_image_pixels):
+    """path -> JPEG bytes of the picture area-resized into `box` the way training fits it (never enlarged)."""
+    canvas = (int(np.ceil(box[0])), int(np.ceil(box[1])))
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([], tf.string)])
+    def fit(path):
+        image, source = decode_for_box(tf.io.read_file(path), max_image_pixels, box)
+        content, _, _ = fit_into_box(image, source, box, canvas)
+        return tf.io.encode_jpeg(content, quality=JPEG_QUALITY, chroma_downsampling=False)
+
+    return fit
+
+
+def example_bytes(image: bytes, labels, key: str) -> bytes:
+    feature = {
+        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
+        "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=list(labels))),
+        "key": tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode("utf-8")])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+

@@ -74,13 +74,14 @@ class ShardReader:
 @functools.lru_cache(maxsize=8)
 def fit_function(box, max_image_pixels):
     """path -> JPEG bytes of the picture area-resized into `box` the way training fits it (never enlarged)."""
+    box = (float(box[0]), float(box[1]))
     canvas = (int(np.ceil(box[0])), int(np.ceil(box[1])))
 
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([], tf.string)])
     def fit(path):
         image, source = decode_for_box(tf.io.read_file(path), max_image_pixels, box)
         content, _, _ = fit_into_box(image, source, box, canvas)
-        return tf.io.encode_jpeg(content, quality=JPEG_QUALITY, chroma_downsampling=False)
+        return tf.io.encode_jpeg(content, quality=JPEG_QUALITY, chroma_downsampling=True)
 
     return fit
 

@@ -41,10 +41,17 @@ def box_factor(scale_range, crop_area_range) -> float:
     return scale_max / math.sqrt(crop_area_range[0])
 
 
-def pack_box(config) -> tuple[float, float]:
-    """The (height, width) box training fits each picture into: the shards hold pictures fitted to it."""
+def training_box(config) -> tuple[float, float]:
+    """The (height, width) box training fits each picture into."""
     factor = box_factor(config.scale_range, config.crop_area_range)
     return config.image_height * factor, config.image_width * factor
+
+
+def pack_box(config) -> tuple[int, int]:
+    """The box the shards' pictures are fitted into: the training box rounded down, so that training finds
+    them inside its box and only warps them (a picture a rounding over the box would be area-resized again,
+    to the same size, which costs as much as decoding it)."""
+    return tuple(int(math.floor(side + 1e-6)) for side in training_box(config))
 
 
 def shard_name(number: int) -> str:
@@ -79,9 +86,9 @@ def made_from(root, config, tags_path, records) -> dict:
         "format": FORMAT,
         "project": str(Path(root).resolve()),
         "image_size": [config.image_height, config.image_width],
-        "box": [round(side, 6) for side in pack_box(config)],
+        "box": list(pack_box(config)),
         "padding": getattr(config, "padding", DEFAULT_PADDING),
-        "encoding": f"jpeg quality {JPEG_QUALITY} 4:4:4",
+        "encoding": f"jpeg quality {JPEG_QUALITY} 4:2:0",
         "max_image_pixels": config.max_image_pixels,
         "tags_sha256": tags_digest(tags_path),
         "database": str(records.database_path),

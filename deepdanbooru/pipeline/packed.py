@@ -92,5 +92,6 @@ def example_bytes(image: bytes, labels, key: str) -> bytes:
         "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=list(labels))),
         "key": tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode("utf-8")])),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    # deterministic: the features are a map, serialized in an order that otherwise changes per process.
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 

@@ -252,7 +252,7 @@ def test_training_from_shards_resumes_exactly_and_counts_bad_images(tmp_path, sa
     database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
     broken = next((database.parent / "images").rglob("*.jpg"))
     broken.write_bytes(b"\xff\xd8\xff truncated")
-    project = make_project(tmp_path / "reference", database, tags, max_bad_image_fraction=0.1)
+    project = make_project(tmp_path / "reference", database, tags, max_bad_image_fraction=0.5)
     summary = pack_project(project, **QUIET)
     assert (summary.pictures, summary.bad) == (23, 1)
     log = (project / "logs" / "bad_images.txt").read_text().splitlines()
@@ -269,10 +269,14 @@ def test_training_from_shards_resumes_exactly_and_counts_bad_images(tmp_path, sa
 
     resumed = tmp_path / "resumed"
     shutil.copytree(project, resumed)
+    # ckpt-5: epoch 2, offset 16 of 23 (the kept checkpoints are the last three of six).
     (resumed / "checkpoints" / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-2"\nall_model_checkpoint_paths: "ckpt-2"\n')
+        'model_checkpoint_path: "ckpt-5"\nall_model_checkpoint_paths: "ckpt-5"\n')
     for export in resumed.glob("*.keras"):
         export.unlink()
-    train_project(resumed, **QUIET)
+    lines = []
+    train_project(resumed, echo=lines.append)
+    assert any(line.startswith("Resuming from ") and "used_epoch=1" in line for line in lines)
+    assert read_state(resumed)["used_sample"] == 46
     for name in ("model-resnet_small.e2.keras", "model-resnet_small.keras"):
         assert_same_weights(project / name, resumed / name)

@@ -70,8 +70,11 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
     @tf.function(autograph=False, input_signature=[
         tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
     def prepare(path, position, hashed_seed):
-        data = tf.io.read_file(path) if shards is None else shards.picture_bytes(path)
-        image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling)
+        if shards is None:
+            data = tf.io.read_file(path)
+            image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling)
+        else:
+            image, source = shards.picture(path)
         content, size, zoom = fit_into_box(image, source, box, canvas)
         uniforms = record_uniforms(hashed_seed, position, uniform_count)
         weight = mixup_weight(hashed_seed, position, mixup) if mixup else tf.ones([])

@@ -177,6 +177,29 @@ def make_packed_project(directory: Path, originals: int, size: int, batch: int) 
     return project
 
 
+def offset_reads(index, reader, count: int = 64) -> dict:
+    """Random access into a shard: TensorFlow's FixedLengthRecordDataset at an offset vs the memory-mapped reader."""
+    import tensorflow as tf
+
+    locations = list(index.locations.values())[::-1][:count]  # the records furthest into their shards first
+    started = time.perf_counter()
+    for number, offset, length in locations:
+        size = index.sizes[number]
+        records = tf.data.FixedLengthRecordDataset(str(index.files[number]), length, header_bytes=offset,
+                                                   footer_bytes=size - offset - length)
+        next(iter(records))
+    tf_ms = (time.perf_counter() - started) / len(locations) * 1000
+    started = time.perf_counter()
+    for path in list(index.locations)[::-1][:count]:
+        reader.read(path)
+    mmap_ms = (time.perf_counter() - started) / len(locations) * 1000
+    mean_offset = sum(offset for _, offset, _ in locations) / len(locations)
+    print(f"one record at a mean offset of {mean_offset / 1e6:.1f} MB: FixedLengthRecordDataset {tf_ms:.2f} ms, "
+          f"memory-mapped read {mmap_ms:.3f} ms", flush=True)
+    return {"offset_read_tf_ms": round(tf_ms, 3), "offset_read_mmap_ms": round(mmap_ms, 4),
+            "offset_read_mean_offset_bytes": round(mean_offset)}
+
+
 def packed_main(args) -> int:
     """Training batches of one project from its shards against the same batches from its original files."""
     import tensorflow as tf
@@ -231,6 +254,7 @@ def packed_main(args) -> int:
             return training_dataset(paths, tag_strings, tags, options, random_seed=0, start_position=0,
                                     shards=reader)
 
+        summary.update(offset_reads(index, reader))
         results = compare({"original files": raw, "shards": packed_}, args.repeats, scratch, paths)
         walls = zip(results["shards"]["walls"], results["original files"]["walls"])
         summary.update({

@@ -140,6 +140,7 @@ def test_shards_of_another_project_are_refused_naming_it(packed, tmp_path, sampl
     moved = tmp_path / "moved"
     shutil.copytree(project, moved)
     assert plan_training(moved).shards is not None
+    assert pack_project(moved, shard_records=10, **QUIET).packed_now == 0
 
 
 def test_truncated_shard_is_named_and_the_others_still_used(packed):

@@ -161,7 +161,9 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
     directory = paths.root / SHARDS_DIR
     per_shard = shard_records or records_per_shard(source["box"])
     count = math.ceil(len(records) / per_shard)
-    plan = {"made_from": source, "records_per_shard": per_shard, "shards": count}
+    # Where the project and its database lie is not part of the plan: a project moved with its shards keeps them.
+    content = {key: value for key, value in source.items() if key not in ("project", "database")}
+    plan = {"made_from": content, "records_per_shard": per_shard, "shards": count}
     plan_digest = _digest(plan)
     manifest = _read_json(directory / MANIFEST)
     if isinstance(manifest, dict) and manifest.get("plan") == plan_digest:

@@ -25,9 +25,10 @@ MANIFEST = "manifest.json"
 PLAN = "plan.json"
 FORMAT = 1
 JPEG_QUALITY = 95
-# About 150 MB per shard at a guessed 0.5 byte per packed pixel; the real size is measured (bench/pipeline.py).
+# About 150 MB per shard: 1536x2048 originals packed at 448 took 50 kB each, 0.21 byte per pixel of the
+# 492x492 box (bench/pipeline.py --packed); 0.25 leaves room for busier pictures.
 TARGET_SHARD_BYTES = 150 * 2**20
-BYTES_PER_PIXEL_GUESS = 0.5
+BYTES_PER_PIXEL_GUESS = 0.25
 # What fills the box around a picture whose aspect differs from the output's: the warp's clamped
 # coordinates replicate the border pixels.
 DEFAULT_PADDING = "border"

@@ -164,11 +164,130 @@ def compare(contestants: dict, repeats: int, log_dir: Path, paths) -> dict[str, 
     return results
 
 
+def make_packed_project(directory: Path, originals: int, size: int, batch: int) -> Path:
+    """A project at `size` with the default augmentation over `originals` Danbooru-sized (1536x2048) JPEGs."""
+    print(f"generating {originals} 1536x2048 JPEGs (quality 90) ...", flush=True)
+    database, tags_path = generate_dataset(directory / "dataset", originals, 2048, 1536, seed=3)
+    project = directory / "project"
+    project.mkdir()
+    config = {"image_width": size, "image_height": size, "database_path": str(database), "minimum_tag_count": 1,
+              "minibatch_size": batch}
+    (project / "project.json").write_text(json.dumps(config, indent=2))
+    (project / "tags.txt").write_text(tags_path.read_text())
+    return project
+
+
+def offset_reads(index, reader, count: int = 64) -> dict:
+    """Random access into a shard: TensorFlow's FixedLengthRecordDataset at an offset vs the memory-mapped reader."""
+    import tensorflow as tf
+
+    locations = list(index.locations.values())[::-1][:count]  # the records furthest into their shards first
+    started = time.perf_counter()
+    for number, offset, length in locations:
+        size = index.sizes[number]
+        records = tf.data.FixedLengthRecordDataset(str(index.files[number]), length, header_bytes=offset,
+                                                   footer_bytes=size - offset - length)
+        next(iter(records))
+    tf_ms = (time.perf_counter() - started) / len(locations) * 1000
+    started = time.perf_counter()
+    for path in list(index.locations)[::-1][:count]:
+        reader.read(path)
+    mmap_ms = (time.perf_counter() - started) / len(locations) * 1000
+    mean_offset = sum(offset for _, offset, _ in locations) / len(locations)
+    print(f"one record at a mean offset of {mean_offset / 1e6:.1f} MB: FixedLengthRecordDataset {tf_ms:.2f} ms, "
+          f"memory-mapped read {mmap_ms:.3f} ms", flush=True)
+    return {"offset_read_tf_ms": round(tf_ms, 3), "offset_read_mmap_ms": round(mmap_ms, 4),
+            "offset_read_mean_offset_bytes": round(mean_offset)}
+
+
+def packed_main(args) -> int:
+    """Training batches of one project from its shards against the same batches from its original files."""
+    import tensorflow as tf
+
+    from deepdanbooru.dataset.records import load_records
+    from deepdanbooru.packing.pack import pack_project
+    from deepdanbooru.pipeline import TrainingInput, training_dataset
+    from deepdanbooru.pipeline.packed import ShardReader
+    from deepdanbooru.project.config import load_config
+    from deepdanbooru.project.paths import ProjectPaths
+    from deepdanbooru.project.shards import open_shards
+    from deepdanbooru.project.tags import load_tags
+
+    cores = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="bench-packed-") as scratch:
+        scratch = Path(scratch)
+        project = args.project or make_packed_project(scratch, args.originals, args.size, args.batch)
+        summary = {"cores": cores, "load_average_before": round(os.getloadavg()[0], 2)}
+        if args.project is None:
+            wall, cpu = time.perf_counter(), time.process_time()
+            packed = pack_project(project, workers=args.pack_workers, echo=lambda line: print(line, flush=True))
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            count = packed.pictures + packed.bad
+            summary.update({"pack_s_per_picture": round(wall / count, 4),
+                            "pack_cpu_s_per_picture": round(cpu / count, 4),
+                            "bytes_per_picture": round(packed.bytes / packed.pictures),
+                            "original_bytes_per_picture": round(sum(
+                                p.stat().st_size for p in (scratch / "dataset" / "images").rglob("*.jpg")) / count)})
+            print(f"packing: {summary['pack_s_per_picture'] * 1000:.1f} ms a picture on {cores} core(s) "
+                  f"({summary['pack_cpu_s_per_picture'] * 1000:.1f} CPU-ms in this process), "
+                  f"{summary['bytes_per_picture'] / 1e3:.1f} kB a picture on disk "
+                  f"(originals {summary['original_bytes_per_picture'] / 1e3:.0f} kB)", flush=True)
+        paths_ = ProjectPaths(project)
+        config = load_config(paths_.root)
+        tags = load_tags(paths_.tags)
+        records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
+        index = open_shards(paths_.root, config, paths_.tags, records)
+        if index is None:
+            sys.exit(f"{project}: no shards; run `deepdanbooru pack {project}` first")
+        reader = ShardReader(index)
+        options = TrainingInput.from_config(config)
+        paths, tag_strings = cycle(records.paths()[:args.images], records.tag_strings[:args.images],
+                                   args.slice_batches * options.batch_size)
+        print(f"{min(args.images, len(records))} pictures of {project}, {config.image_height}x{config.image_width}, "
+              f"batch {options.batch_size}, passes of {len(paths)} records, TensorFlow {tf.__version__}, "
+              f"{cores} core(s)", flush=True)
+
+        def raw():
+            return training_dataset(paths, tag_strings, tags, options, random_seed=0, start_position=0)
+
+        def packed_():
+            return training_dataset(paths, tag_strings, tags, options, random_seed=0, start_position=0,
+                                    shards=reader)
+
+        summary.update(offset_reads(index, reader))
+        results = compare({"original files": raw, "shards": packed_}, args.repeats, scratch, paths)
+        walls = zip(results["shards"]["walls"], results["original files"]["walls"])
+        summary.update({
+            "raw_images_per_s": round(results["original files"]["best"], 1),
+            "packed_images_per_s": round(results["shards"]["best"], 1),
+            "raw_images_per_cpu_s": round(results["original files"]["cpu"], 1),
+            "packed_images_per_cpu_s": round(results["shards"]["cpu"], 1),
+            "ratio": round(float(np.median([p / r for p, r in walls])), 2),
+            "ratio_cpu": round(results["shards"]["cpu"] / results["original files"]["cpu"], 2),
+            "packed_images_per_s_per_core": round(results["shards"]["best"] / cores, 1),
+            "size": config.image_height, "batch": options.batch_size, "load_average_after": round(os.getloadavg()[0], 2),
+        })
+        print(f"shards / original files: {summary['ratio']:.2f}x (median of back-to-back pairs), "
+              f"{summary['ratio_cpu']:.2f}x per CPU-second; shards: {summary['packed_images_per_s_per_core']:.0f} "
+              f"pictures/s per core, {summary['packed_images_per_cpu_s']:.0f} per CPU-second", flush=True)
+    print(json.dumps(summary))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", type=Path, help="with --packed: a packed project to measure")
+    parser.add_argument("--packed", action="store_true",
+                        help="compare training batches from the project's shards with the same batches from its "
+                             "original files (without --project: generate --originals 1536x2048 JPEGs, a project "
+                             "at --size and pack it, timed)")
+    parser.add_argument("--originals", type=int, default=200, help="with --packed: originals to generate")
+    parser.add_argument("--pack-workers", type=int, default=1, help="with --packed: deepdanbooru pack --workers")
+    parser.add_argument("--cores", type=int, default=0,
+                        help="run on this many cores only (os.sched_setaffinity; 0: all; --packed defaults to 1)")
     parser.add_argument("--dataset", type=Path, help="DeepDanbooru-layout dataset directory (default: generated)")
     parser.add_argument("--tags", type=Path, help="tags.txt (required with --dataset)")
-    parser.add_argument("--size", type=int, default=299)
+    parser.add_argument("--size", type=int, help="training size (default 299; 448 with --packed)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--images", type=int, default=512, help="distinct images (default 512)")
     parser.add_argument("--slice-batches", type=int, default=100, help="batches per timed pass (default 100)")
@@ -178,6 +297,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.dataset and not args.tags:
         parser.error("--tags is required with --dataset")
+    if args.project and not args.packed:
+        parser.error("--project is for --packed")
+    args.size = args.size or (448 if args.packed else 299)
+    cores = args.cores or (1 if args.packed else 0)
+    if cores:
+        # Before TensorFlow starts: its thread pools and tf.data's parallelism follow the affinity.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
+    if args.packed:
+        return packed_main(args)
 
     import tensorflow as tf
 

@@ -114,6 +114,23 @@ def train_project(project_path, source_model, source_tags, force_mixed_precision
           devices=devices, source_tags=source_tags, time_limit=seconds, time_limit_text=time_limit)
 
 
+@main.command("pack")
+@click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
+              help="Processes that pack shards side by side (each uses its share of the cores).")
+def pack(project_path, workers):
+    """Fit every eligible picture to the training size once and write it to PROJECT_PATH/shards.
+
+    train-project then reads the shards instead of decoding every original again each epoch: the same
+    records in the same order, the same augmentation. Running it again continues an interrupted pack;
+    after tags.txt, the database, the image size or the augmentation's scale changed, it packs anew
+    (training refuses stale shards and says so).
+    """
+    from deepdanbooru.packing.pack import pack_project
+
+    pack_project(project_path, workers=workers, echo=click.echo)
+
+
 def _preflight_options(options):
     """click options from preflight's option table, which the stdlib scripts read too."""
     def decorate(command):

@@ -77,6 +77,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--compile", "run the model as a traced graph (--no-compile: eagerly)", deepdanbooru=True),
     Term("--source-tags", "the tags.txt the source model was trained on (DeepDanbooru models record none)"),
     Term("--devices", "the local devices to train on"),
+    Term("--workers", "how many processes share the work"),
     Term("--time-limit", "stop at the last checkpoint before this much wall-clock time, export, exit 0"),
     Term("--force-mixed-precision", "train in float16 even without a GPU"),
     Term("--verbose", "print progress and throughput on stderr", deepdanbooru=True),

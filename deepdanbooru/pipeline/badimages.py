@@ -108,8 +108,10 @@ class BadImageTracker:
     Lines appended to `log_path`: `<context>\\t<position>\\t<path>\\t<reason>`.
     """
 
-    def __init__(self, log_path, paths, *, max_image_pixels: int, context: str = "-"):
+    def __init__(self, log_path, paths, *, max_image_pixels: int, context: str = "-", diagnose_path=None):
         self.log_path = Path(log_path)
+        # diagnose_path(path, max_image_pixels) -> reason: packed shards know why a picture is not in them.
+        self._diagnose = diagnose_path or diagnose
         self.paths = paths
         self.max_image_pixels = max_image_pixels
         self.context = context or "-"
@@ -137,7 +139,7 @@ class BadImageTracker:
         self.last_bad = []
         for position in missing.tolist():
             path = str(self.paths[position])
-            reason = diagnose(path, self.max_image_pixels)
+            reason = self._diagnose(path, self.max_image_pixels)
             self.last_bad.append((position, path, reason))
             self.reasons[reason.split(":", 1)[0]] += 1
         self.seen += count

@@ -60,11 +60,12 @@ def _records(paths, positions, tag_strings):
 
 
 @functools.lru_cache(maxsize=32)
-def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scaling, mixup, fill):
+def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scaling, mixup, fill, shards=None):
     """The per-record work as one tf.function, traced once per configuration instead of once per dataset.
 
     The trainer builds a dataset per slice; retracing the decoder graph each
-    time cost about half a CPU-second.
+    time cost about half a CPU-second. With `shards` (a packed.ShardReader) the picture comes from the
+    shards instead of the file at `path`.
     """
     box_factor = augmentation.box_factor if augmentation else 1.0
     canvas = canvas_size(*output_size, box_factor)
@@ -74,8 +75,11 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
     @tf.function(autograph=False, input_signature=[
         tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
     def prepare(path, position, hashed_seed):
-        data = tf.io.read_file(path)
-        image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling, fill)
+        if shards is None:
+            data = tf.io.read_file(path)
+            image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling, fill)
+        else:
+            image, source = shards.picture(path)
         content, size, zoom = fit_into_box(image, source, box, canvas)
         uniforms = record_uniforms(hashed_seed, position, uniform_count)
         weight = mixup_weight(hashed_seed, position, mixup) if mixup else tf.ones([])
@@ -85,7 +89,8 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
 
 
 def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
-              jpeg_dct_scaling, mixup=None, fill=Fill()):
+              jpeg_dct_scaling, mixup=None, fill=Fill(),
+              shards=None):
     """records dataset -> finished batches (no prefetch): the one batching, for local and data-service input."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -93,7 +98,7 @@ def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels,
         raise ValueError("mixup mixes labels: give tags")
     mixup = float(mixup) if mixup else None
     prepare_record, canvas, uniform_count = _record_function(
-        tuple(output_size), augmentation, int(max_image_pixels), bool(jpeg_dct_scaling), mixup, fill)
+        tuple(output_size), augmentation, int(max_image_pixels), bool(jpeg_dct_scaling), mixup, fill, shards)
     hashed_seed = seed_hash(*seeds)
 
     def prepare(record):
@@ -169,11 +174,12 @@ class TrainingInput:
 
 
 def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random_seed, start_position,
-                     positions=None, num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True):
+                     positions=None, num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True, shards=None):
     """Augmented, labelled batches of one slice; see the package docstring.
 
     `positions`: the epoch position of each record when they are not consecutive from start_position (a
-    worker's shard of a slice under multi-worker training).
+    worker's shard of a slice under multi-worker training). `shards`: a packed.ShardReader to take the
+    pictures from instead of the files at `paths` (records, order and augmentation stay the same).
     """
     if positions is None:
         positions = np.arange(start_position, start_position + len(paths), dtype=np.int64)
@@ -184,6 +190,7 @@ def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random
         seeds=(options.seed, random_seed), batch_size=options.batch_size, max_image_pixels=options.max_image_pixels,
         tags=tags, num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, mixup=options.mixup,
         fill=options.fill,
+        shards=shards,
     )
     if options.data_service:
         from deepdanbooru.pipeline.service import service_batches

@@ -61,6 +61,8 @@ class Epoch:
     number: int  # 1-based, as the bad-image log names it
     random_seed: int
     bad_image_log: Path
+    # A pipeline.packed.ShardReader when the project is packed: the same records, read from the shards.
+    shards: object | None = None
 
     def records(self, positions) -> tuple[list, list]:
         """(paths, tag strings) of the records at these epoch positions."""
@@ -69,7 +71,8 @@ class Epoch:
 
     def tracker(self, max_image_pixels: int) -> BadImageTracker:
         return BadImageTracker(self.bad_image_log, EpochPaths(self.paths, self.order),
-                               max_image_pixels=max_image_pixels, context=f"epoch {self.number}")
+                               max_image_pixels=max_image_pixels, context=f"epoch {self.number}",
+                               diagnose_path=self.shards.diagnose if self.shards else None)
 
 
 def shard_offsets(count: int, batch_size: int, workers: int, worker: int) -> np.ndarray:
@@ -87,7 +90,8 @@ class WholeSlice:
         self.tracker = epoch.tracker(options.max_image_pixels)
         paths, tag_strings = epoch.records(np.arange(start, stop))
         self.dataset = strategy.experimental_distribute_dataset(training_dataset(
-            paths, tag_strings, epoch.tags, options, random_seed=epoch.random_seed, start_position=start))
+            paths, tag_strings, epoch.tags, options, random_seed=epoch.random_seed, start_position=start,
+            shards=epoch.shards))
         if options.data_service:
             self.dataset = ServiceErrors(self.dataset)
 
@@ -118,7 +122,7 @@ class ShardedSlice:
             per_replica = dataclasses.replace(
                 options, batch_size=context.get_per_replica_batch_size(options.batch_size))
             return training_dataset(paths, tag_strings, epoch.tags, per_replica, random_seed=epoch.random_seed,
-                                    start_position=start, positions=positions)
+                                    start_position=start, positions=positions, shards=epoch.shards)
 
         self.dataset = strategy.distribute_datasets_from_function(dataset)
 
@@ -136,6 +140,15 @@ class ShardedSlice:
             tracker.observe(np.setdiff1d(np.arange(self.start, self.start + self.count), missing))
             tracker.finish(self.start, self.count)
         return len(missing)
+
+
+def shard_reader(index):
+    """A reader of the project's packed shards (project.shards.ShardIndex), or None to read the files."""
+    if index is None:
+        return None
+    from deepdanbooru.pipeline.packed import ShardReader
+
+    return ShardReader(index)
 
 
 def slice_input(strategy, role: ClusterRole, sums, epoch: Epoch, options: TrainingInput, start: int, stop: int):

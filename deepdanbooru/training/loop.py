@@ -42,7 +42,7 @@ from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, write_state_json
 from deepdanbooru.scoring.split import records_hash
 from deepdanbooru.training.chief import checkpoint_manager
-from deepdanbooru.training.data import Epoch, slice_input
+from deepdanbooru.training.data import Epoch, shard_reader, slice_input
 from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
 from deepdanbooru.training.export import export_model
 from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport, format_duration
@@ -169,6 +169,7 @@ class SliceTrainer:
         self.train_paths = plan.train.paths()
         self.schedule = Schedule.from_config(self.config, len(plan.train))
         self.input_options = TrainingInput.from_config(self.config)
+        self.shards = shard_reader(plan.shards)
         # The learning rate per epoch (steps) or per minibatch (warmup_cosine).
         self.rates = LearningRateSchedule(self.config, len(plan.train))
         self.priors = _Priors(plan)
@@ -334,7 +335,7 @@ class SliceTrainer:
         """Train on epoch positions start..stop-1; returns how many of them were bad images."""
         c = self.counters
         epoch = Epoch(self.train_paths, self.train_records.tag_strings, self.plan.tags, order, c.used_epoch + 1,
-                      c.random_seed, self.paths.bad_images)
+                      c.random_seed, self.paths.bad_images, self.shards)
         source = slice_input(self.strategy, self.role, self.worker_sums, epoch, self.input_options, start, stop)
         self.step.bind(source.dataset.element_spec)
         steps = 0

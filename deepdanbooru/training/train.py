@@ -14,10 +14,11 @@ from pathlib import Path
 
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.dataset.trust import split_stats, trust_warning
-from deepdanbooru.errors import ModelError, TrainingError, file_field
+from deepdanbooru.errors import ConfigError, ModelError, TrainingError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.shards import ShardIndex, open_shards
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
@@ -42,6 +43,7 @@ class TrainingPlan:
     trust_warning: str | None = None  # printed at start and end when the split cannot measure the model
     split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
     time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
+    shards: ShardIndex | None = None  # the packed pictures (deepdanbooru pack), when the project has them
 
 
 def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
@@ -91,6 +93,12 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             database, "posts",
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
+    shards = open_shards(paths.root, config, paths.tags, records)
+    if shards is not None and config.data_service:
+        # The shard reader is host memory mapped into this process's graph: a data-service worker cannot run it.
+        raise ConfigError(file_field(config.config_path, "data_service", (
+            f"cannot serve the packed shards in {shards.directory}; set data_service to null to train from them "
+            "here, or move the shards folder aside to have the workers read the original files")))
     train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
                                                   read_state_json(paths.checkpoints)[0])
     if not len(train):
@@ -100,7 +108,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     stats = split_stats(itertools.chain(((False, t) for t in train.tag_strings),
                                         ((True, t) for t in validation.tag_strings)), tags)
     return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, force_mixed_precision,
-                        device_choice, role, split_note=split_note, time_budget=budget,
+                        device_choice, role, split_note=split_note, time_budget=budget, shards=shards,
                         trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
 
 
@@ -138,6 +146,10 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
                          time_limit_text)
     if plan.split_note:
         echo(plan.split_note)
+    if plan.shards is not None:
+        echo(f"Pictures: packed, from {plan.shards.directory}")
+        for warning in plan.shards.warnings():
+            echo(f"warning: {warning}")
     _warn_untrusted(plan, echo)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():

@@ -1,0 +1,215 @@
+"""Packed shards: what `deepdanbooru pack` made them from, and whether training may read them (standard library).
+
+PROJECT/shards/ holds TFRecord files (`shard-00000.tfrecord`, ...) of
+tf.train.Example records (the picture re-encoded at the training box, its
+label indices in tags.txt order, its path under images/), one index per shard
+(`shard-00000.json`: where each record starts in the file, and the pictures
+that failed to decode while packing, with the reason) and `manifest.json`,
+written last, that lists them with what they were made from. Training reads a
+shard folder only through its manifest, so an unfinished pack is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deepdanbooru.errors import TrainingError, file_field
+
+SHARDS_DIR = "shards"
+MANIFEST = "manifest.json"
+PLAN = "plan.json"
+FORMAT = 1
+JPEG_QUALITY = 95
+# About 150 MB per shard: 1536x2048 originals packed at 448 took 50 kB each, 0.21 byte per pixel of the
+# 492x492 box (bench/pipeline.py --packed); 0.25 leaves room for busier pictures.
+TARGET_SHARD_BYTES = 150 * 2**20
+BYTES_PER_PIXEL_GUESS = 0.25
+# What fills the box around a picture whose aspect differs from the output's: the warp's clamped
+# coordinates replicate the border pixels.
+
+
+def box_factor(scale_range, crop_area_range) -> float:
+    """Pictures are fitted into the output size times this, so the largest zoom still samples real pixels."""
+    scale_max = scale_range[1] if scale_range else 1.0
+    if not crop_area_range:
+        return scale_max
+    return scale_max / math.sqrt(crop_area_range[0])
+
+
+def training_box(config) -> tuple[float, float]:
+    """The (height, width) box training fits each picture into."""
+    factor = box_factor(config.scale_range, config.crop_area_range)
+    return config.image_height * factor, config.image_width * factor
+
+
+def pack_box(config) -> tuple[int, int]:
+    """The box the shards' pictures are fitted into: the training box rounded down, so that training finds
+    them inside its box and only warps them (a picture a rounding over the box would be area-resized again,
+    to the same size, which costs as much as decoding it)."""
+    return tuple(int(math.floor(side + 1e-6)) for side in training_box(config))
+
+
+def shard_name(number: int) -> str:
+    return f"shard-{number:05d}.tfrecord"
+
+
+def index_name(number: int) -> str:
+    return f"shard-{number:05d}.json"
+
+
+def record_key(path: str, images_dir) -> str:
+    """The path under images/, which survives the project moving."""
+    prefix = f"{images_dir}/"
+    if path.startswith(prefix):  # always, for Records.paths(); slicing is 10x cheaper than relpath
+        return path[len(prefix):]
+    return os.path.relpath(path, images_dir).replace(os.sep, "/")
+
+
+def tags_digest(tags_path) -> str:
+    return hashlib.sha256(Path(tags_path).read_bytes()).hexdigest()
+
+
+def records_digest(keys, tag_strings) -> str:
+    digest = hashlib.sha256()
+    for key, tag_string in zip(keys, tag_strings):
+        digest.update(f"{key}\t{tag_string}\n".encode("utf-8"))
+    return digest.hexdigest()
+
+
+def made_from(root, config, tags_path, records) -> dict:
+    """Everything the shards' content depends on; training refuses shards whose values differ."""
+    images_dir = records.images_dir
+    keys = [record_key(path, images_dir) for path in records.paths()]
+    return {
+        "format": FORMAT,
+        "project": str(Path(root).resolve()),
+        "image_size": [config.image_height, config.image_width],
+        "box": list(pack_box(config)),
+        "alpha": config.alpha,
+        "encoding": f"jpeg quality {JPEG_QUALITY} 4:2:0",
+        "max_image_pixels": config.max_image_pixels,
+        "tags_sha256": tags_digest(tags_path),
+        "database": str(records.database_path),
+        "records": len(records),
+        "records_sha256": records_digest(keys, records.tag_strings),
+    }
+
+
+def rebuild_command(root) -> str:
+    return f"deepdanbooru pack {root}"
+
+
+# Fields whose change makes shards stale, and how the refusal names the change.
+_CHECKED = (
+    ("format", "were written by another version of deepdanbooru"),
+    ("image_size", "were packed for image_height x image_width {was}, project.json now says {now}"),
+    ("box", "were packed into a {was} box, the augmentation's scale/crop now needs {now}"),
+    ("alpha", "were packed with alpha {was} (transparency settled when packing), project.json now says {now}"),
+    ("max_image_pixels", "were packed with max_image_pixels {was}, project.json now says {now}"),
+    ("tags_sha256", "were labelled with another tags.txt (it changed since packing)"),
+    ("records_sha256", "were made from other database records ({was_records} then, {now_records} now, "
+                       "or their tags changed)"),
+)
+
+
+def stale_reasons(packed: dict, current: dict) -> list[str]:
+    reasons = []
+    for key, text in _CHECKED:
+        if packed.get(key) != current.get(key):
+            reasons.append(text.format(was=packed.get(key), now=current.get(key),
+                                       was_records=packed.get("records"), now_records=current.get("records")))
+    return reasons
+
+
+@dataclass
+class ShardIndex:
+    """Where each packed picture lies; what was wrong with the pictures that are not there."""
+
+    directory: Path
+    files: list[Path]
+    sizes: list[int]  # bytes each shard had when packed
+    locations: dict[str, tuple[int, int, int]]  # image path -> (shard number, offset, length) of its Example
+    bad: dict[str, str]  # image path -> why it could not be packed (as bad_images.txt words it)
+    rebuild: str
+    truncated: dict[int, int] = field(default_factory=dict)  # shard number -> bytes found
+
+    def warnings(self) -> list[str]:
+        return [f"{self.files[number]}: truncated ({found:,} of {self.sizes[number]:,} bytes); its pictures "
+                f"are skipped as bad images, the other shards are used; `{self.rebuild}` repairs it"
+                for number, found in sorted(self.truncated.items())]
+
+    def known_reason(self, path: str) -> str | None:
+        """Why the picture at `path` cannot come from the shards, when that is known without reading it."""
+        if path in self.bad:
+            return self.bad[path]
+        location = self.locations.get(path)
+        if location is None:
+            return f"not in {self.directory} (pack again: `{self.rebuild}`)"
+        number, offset, length = location
+        if number in self.truncated and offset + length > self.truncated[number]:
+            return f"truncated: in {self.files[number]}, which ends early; `{self.rebuild}` repairs it"
+        return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TrainingError(file_field(path, None, f"unreadable ({error}); rebuild the shards with "
+                                                   f"`{rebuild_command(path.parent.parent)}`")) from None
+    if not isinstance(value, dict):
+        raise TrainingError(file_field(path, None, "not a shard manifest or index"))
+    return value
+
+
+def open_shards(root, config, tags_path, records) -> ShardIndex | None:
+    """The project's shards when packing finished and they match what training would read; None without shards.
+
+    Raises TrainingError (one line, with the command that rebuilds them) for
+    an unfinished pack and for shards made from something else: another
+    project, another tags.txt, database, image size, box or alpha.
+    """
+    root = Path(root)
+    directory = root / SHARDS_DIR
+    if not directory.is_dir():
+        return None
+    rebuild = rebuild_command(root)
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        if not any(directory.iterdir()):
+            return None
+        raise TrainingError(file_field(
+            directory, None, f"packing did not finish (no {MANIFEST}); finish it with `{rebuild}`, or delete the "
+                             "folder to train from the original images"))
+    manifest = _read_json(manifest_path)
+    packed = manifest.get("made_from", {})
+    current = made_from(root, config, tags_path, records)
+    reasons = stale_reasons(packed, current)
+    if reasons:
+        origin = packed.get("project")
+        other = f" (packed for another project, {origin})" if origin and origin != current["project"] else ""
+        raise TrainingError(file_field(
+            manifest_path, None, f"stale shards{other}: they {'; they '.join(reasons)}; rebuild them with "
+                                 f"`{rebuild}`"))
+    images_dir = records.images_dir
+    files, sizes, locations, bad, truncated = [], [], {}, {}, {}
+    for number, entry in enumerate(manifest.get("shards", [])):
+        index = _read_json(directory / entry["index"])
+        files.append(directory / entry["file"])
+        sizes.append(int(index["bytes"]))
+        for key, offset, length in index["records"]:
+            locations[f"{images_dir}/{key}"] = (number, int(offset), int(length))
+        for key, reason in index["bad"]:
+            bad[f"{images_dir}/{key}"] = reason
+        try:
+            found = files[-1].stat().st_size
+        except FileNotFoundError:
+            found = 0
+        if found < sizes[-1]:
+            truncated[number] = found
+    return ShardIndex(directory, files, sizes, locations, bad, rebuild, truncated)

@@ -1,0 +1,292 @@
+"""deepdanbooru pack: shards that give training the same records in the same order, refused when stale."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import sqlite3
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from deepdanbooru import exitcodes
+from deepdanbooru.cli import main
+from deepdanbooru.errors import ConfigError, DatasetError, Interrupted, TrainingError
+from deepdanbooru.packing import pack as packing
+from deepdanbooru.packing.pack import pack_project
+from deepdanbooru.training.train import plan_training
+from train_helpers import assert_same_weights, make_project, read_state, set_config
+
+QUIET = dict(echo=lambda *_: None)
+
+
+def _copy_dataset(sample_dataset, directory):
+    database, tags = sample_dataset
+    shutil.copytree(database.parent, directory)
+    return directory / database.name, tags
+
+
+@pytest.fixture
+def packed(tmp_path, sample_dataset):
+    """A tiny project over its own copy of the sample dataset, packed into 3 shards of up to 10 pictures."""
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags)
+    lines = []
+    summary = pack_project(project, echo=lines.append, shard_records=10)
+    return project, summary, lines
+
+
+def _datasets(project, shards: bool):
+    from deepdanbooru.pipeline import TrainingInput, training_dataset
+    from deepdanbooru.training.data import shard_reader
+
+    plan = plan_training(project)
+    reader = shard_reader(plan.shards) if shards else None
+    batches = training_dataset(plan.train.paths(), plan.train.tag_strings, plan.tags,
+                               TrainingInput.from_config(plan.config), random_seed=7, start_position=0,
+                               shards=reader)
+    return plan, reader, list(batches.as_numpy_iterator())
+
+
+def test_shards_give_the_same_records_labels_and_order_as_the_files(packed):
+    project, summary, lines = packed
+    assert (summary.pictures, summary.bad, summary.shards, summary.packed_now) == (24, 0, 3, 3)
+    names = sorted(p.name for p in (project / "shards").iterdir())
+    assert names == ["manifest.json", "plan.json"] + [f"shard-0000{n}.{ext}" for n in range(3)
+                                                      for ext in ("json", "tfrecord")]
+    assert lines[0].startswith("Packing 24 pictures from ") and "into 3 shards" in lines[0]
+    assert [line.split(":")[0].strip() for line in lines[1:4]] == ["shard 1/3", "shard 2/3", "shard 3/3"]
+    assert lines[-1].startswith("Packed 24 pictures into 3 shards")
+    manifest = json.loads((project / "shards" / "manifest.json").read_text())
+    assert manifest["made_from"]["box"] == [35, 35]  # 32 x the default scale_range's 1.1, rounded down
+    assert manifest["made_from"]["alpha"] == "drop"
+
+    _, _, files = _datasets(project, shards=False)
+    plan, reader, shards = _datasets(project, shards=True)
+    assert plan.shards is not None and plan.shards.warnings() == []
+    assert len(files) == len(shards) == 6
+    for a, b in zip(files, shards):
+        np.testing.assert_array_equal(a["position"], b["position"])
+        np.testing.assert_array_equal(a["label"], b["label"])
+        # Re-encoded as JPEG at the box size: close to, not equal to, the pictures decoded from the originals.
+        assert np.abs(a["image"] - b["image"]).mean() < 0.02
+
+    # The shards are plain TFRecord files of Examples whose label indices are the tags.txt columns.
+    import tensorflow as tf
+
+    from deepdanbooru.pipeline.packed import FEATURES
+
+    labels = {}
+    for record in tf.data.TFRecordDataset(sorted(map(str, (project / "shards").glob("*.tfrecord")))):
+        example = tf.io.parse_single_example(record, FEATURES)
+        labels[example["key"].numpy().decode()] = sorted(tf.sparse.to_dense(example["labels"]).numpy().tolist())
+    images = plan.train.images_dir
+    for path, tag_string in zip(plan.train.paths(), plan.train.tag_strings):
+        key = path[len(str(images)) + 1:]
+        assert labels[key] == sorted(plan.tags.index(tag) for tag in tag_string.split() if tag in plan.tags)
+
+    # Packing again finds nothing to do.
+    again = []
+    assert pack_project(project, echo=again.append, shard_records=10).packed_now == 0
+    assert again == [f"{project / 'shards'}: up to date (24 pictures in 3 shards)"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda project: set_config(project, image_width=40, image_height=40),
+     r"were packed for image_height x image_width \[32, 32\], project.json now says \[40, 40\]"),
+    (lambda project: set_config(project, scale_range=[0.9, 1.5]),
+     r"were packed into a \[35, 35\] box, the augmentation's scale/crop now needs \[48, 48\]"),
+    (lambda project: (project / "tags.txt").write_text((project / "tags.txt").read_text() + "new_tag\n"),
+     r"were labelled with another tags.txt"),
+    (lambda project: _retag_first_post(project), r"were made from other database records \(24 then, 24 now"),
+    (lambda project: set_config(project, minimum_tag_count=6), r"were made from other database records \(24 then, 7 now"),
+    (lambda project: set_config(project, alpha="white"), r"were packed with alpha drop .*project.json now says white"),
+])
+def test_stale_shards_are_refused_by_name_with_the_command_that_rebuilds_them(packed, change, message):
+    project, _, _ = packed
+    change(project)
+    with pytest.raises(TrainingError, match=message) as raised:
+        plan_training(project)
+    text = str(raised.value)
+    assert text.startswith(f"{project / 'shards' / 'manifest.json'}: stale shards: they ")
+    assert text.endswith(f"rebuild them with `deepdanbooru pack {project}`")
+    # The command line: one line, the usage exit code, and nothing written into the project.
+    result = CliRunner().invoke(main, ["train-project", str(project)])
+    assert result.exit_code == exitcodes.USAGE
+    assert result.output.strip().splitlines() == [f"error: {text}"]
+    assert not (project / "checkpoints").exists()
+    # Packing again makes them current.
+    summary = pack_project(project, shard_records=10, **QUIET)
+    assert summary.packed_now == summary.shards and plan_training(project).shards is not None
+
+
+def _retag_first_post(project):
+    database = json.loads((project / "project.json").read_text())["database_path"]
+    with sqlite3.connect(database) as connection:
+        (post_id, tags), = connection.execute("SELECT id, tag_string FROM posts ORDER BY id LIMIT 1")
+        connection.execute("UPDATE posts SET tag_string = ? WHERE id = ?", (" ".join(tags.split()[:-1]), post_id))
+
+
+def test_shards_are_not_sent_to_data_service_workers(packed):
+    project, _, _ = packed
+    set_config(project, data_service="localhost:5050")
+    with pytest.raises(ConfigError, match=r"project.json: data_service: cannot serve the packed shards in .*shards; "
+                                          r"set data_service to null"):
+        plan_training(project)
+
+
+def test_shards_of_another_project_are_refused_naming_it(packed, tmp_path, sample_dataset):
+    project, _, _ = packed
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "other_dataset")
+    other = make_project(tmp_path / "other", database, tags[:-1])
+    shutil.copytree(project / "shards", other / "shards")
+    with pytest.raises(TrainingError, match=rf"stale shards \(packed for another project, {project}\): they were "
+                                            r"labelled with another tags.txt"):
+        plan_training(other)
+    # A project moved (or copied) with its shards keeps them: they were made from the same things.
+    moved = tmp_path / "moved"
+    shutil.copytree(project, moved)
+    assert plan_training(moved).shards is not None
+    assert pack_project(moved, shard_records=10, **QUIET).packed_now == 0
+
+
+def test_truncated_shard_is_named_and_the_others_still_used(packed):
+    project, _, _ = packed
+    shard = project / "shards" / "shard-00001.tfrecord"
+    with open(shard, "r+b") as handle:
+        handle.truncate(shard.stat().st_size // 2)
+    from deepdanbooru.pipeline import BadImageTracker
+
+    plan, reader, batches = _datasets(project, shards=True)
+    (warning,) = plan.shards.warnings()
+    assert warning.startswith(f"{shard}: truncated (") and f"`deepdanbooru pack {project}` repairs it" in warning
+    positions = np.concatenate([batch["position"] for batch in batches])
+    lost = sorted(set(range(24)) - set(positions.tolist()))
+    assert 0 < len(lost) <= 10  # some of shard 2's ten pictures, none of the others
+    index = json.loads((project / "shards" / "shard-00001.json").read_text())
+    in_shard = {f"{plan.train.images_dir}/{key}" for key, _, _ in index["records"]}
+    assert {plan.train.paths()[p] for p in lost} <= in_shard
+    tracker = BadImageTracker(project / "logs" / "bad_images.txt", plan.train.paths(), max_image_pixels=10**8,
+                              context="epoch 1", diagnose_path=reader.diagnose)
+    tracker.observe(positions)
+    assert tracker.finish(0, 24) == len(lost)
+    assert all(reason.startswith(f"truncated: in {shard}, which ends early") for _, _, reason in tracker.last_bad)
+
+
+def test_unfinished_pack_is_never_read_and_packing_resumes(tmp_path, sample_dataset, monkeypatch):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags)
+    real = packing.pack_shard
+
+    def interrupted(number, start, stop):
+        if number == 2:
+            raise KeyboardInterrupt
+        return real(number, start, stop)
+
+    monkeypatch.setattr(packing, "pack_shard", interrupted)
+    with pytest.raises(Interrupted, match=rf"packing stopped with 2 of 3 shards finished; `deepdanbooru pack "
+                                          rf"{project}` continues"):
+        pack_project(project, shard_records=10, **QUIET)
+    assert not (project / "shards" / "manifest.json").exists()
+    with pytest.raises(TrainingError, match=r"shards: packing did not finish \(no manifest.json\); finish it with "
+                                            rf"`deepdanbooru pack {project}`"):
+        plan_training(project)
+    monkeypatch.setattr(packing, "pack_shard", real)
+    lines = []
+    summary = pack_project(project, echo=lines.append, shard_records=10)
+    assert summary.packed_now == 1 and summary.pictures == 24
+    assert "(2 already packed)" in lines[0] and lines[1].startswith("  shard 3/3: 4 pictures")
+    # The same bytes as an uninterrupted pack.
+    fresh = make_project(tmp_path / "fresh", database, tags)
+    pack_project(fresh, shard_records=10, **QUIET)
+    for n in range(3):
+        name = f"shard-0000{n}.tfrecord"
+        assert (project / "shards" / name).read_bytes() == (fresh / "shards" / name).read_bytes()
+
+
+def test_a_full_disk_leaves_nothing_half_written(tmp_path, sample_dataset, monkeypatch):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags)
+    real = packing.write_bytes_atomic
+
+    def fills_up(path, content):
+        if path.name == "shard-00001.tfrecord":
+            # What write_bytes_atomic leaves when the disk fills mid-write: nothing (its temporary is removed).
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, content)
+
+    monkeypatch.setattr(packing, "write_bytes_atomic", fills_up)
+    with pytest.raises(DatasetError) as raised:
+        pack_project(project, shard_records=10, **QUIET)
+    assert str(raised.value) == (
+        f"{project / 'shards' / 'shard-00001.tfrecord'}: the disk is full while packing; 1 of 3 shards are finished "
+        f"and kept, nothing half-written is left; free space and run `deepdanbooru pack {project}` again to continue")
+    assert sorted(p.name for p in (project / "shards").iterdir()) == [
+        "plan.json", "shard-00000.json", "shard-00000.tfrecord"]
+    monkeypatch.setattr(packing, "write_bytes_atomic", real)
+    assert pack_project(project, shard_records=10, **QUIET).packed_now == 2
+    assert plan_training(project).shards is not None
+
+
+def test_cli_pack(tmp_path, sample_dataset):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags)
+    result = CliRunner().invoke(main, ["pack", str(project)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].endswith("into 1 shard in " + str(project / "shards") + ", 1 process")
+    assert lines[-1].startswith("Packed 24 pictures into 1 shard: 0.0 MB, ")
+    assert plan_training(project).shards is not None
+
+
+@pytest.mark.slow
+def test_two_worker_processes_write_the_same_shards(tmp_path, sample_dataset):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags)
+    lines = []
+    assert pack_project(project, workers=2, echo=lines.append, shard_records=10).packed_now == 3
+    assert lines[0].endswith(", 2 processes")
+    single = make_project(tmp_path / "single", database, tags)
+    pack_project(single, shard_records=10, **QUIET)
+    for n in range(3):
+        name = f"shard-0000{n}.tfrecord"
+        assert (project / "shards" / name).read_bytes() == (single / "shards" / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_training_from_shards_resumes_exactly_and_counts_bad_images(tmp_path, sample_dataset):
+    """A picture that failed to decode while packing is logged by pack, then dropped, counted and logged by
+    every epoch as today; a run resumed from a mid-epoch checkpoint ends with the same weights."""
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    broken = next((database.parent / "images").rglob("*.jpg"))
+    broken.write_bytes(b"\xff\xd8\xff truncated")
+    project = make_project(tmp_path / "reference", database, tags, max_bad_image_fraction=0.5)
+    summary = pack_project(project, **QUIET)
+    assert (summary.pictures, summary.bad) == (23, 1)
+    log = (project / "logs" / "bad_images.txt").read_text().splitlines()
+    assert len(log) == 1 and log[0].startswith("pack\t") and f"\t{broken}\tcannot be decoded" in log[0]
+    from deepdanbooru.training.train import train_project
+
+    lines = []
+    train_project(project, echo=lines.append)
+    assert f"Pictures: packed, from {project / 'shards'}" in lines
+    assert read_state(project)["used_sample"] == 46  # 23 usable pictures a epoch, two epochs
+    log = (project / "logs" / "bad_images.txt").read_text().splitlines()
+    assert [line.split("\t")[0] for line in log] == ["pack", "epoch 1", "epoch 2"]
+    assert len({line.split("\t", 2)[2] for line in log}) == 1  # the same path and reason each time
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(project, resumed)
+    # ckpt-5: epoch 2, offset 16 of 23 (the kept checkpoints are the last three of six).
+    (resumed / "checkpoints" / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-5"\nall_model_checkpoint_paths: "ckpt-5"\n')
+    for export in resumed.glob("*.keras"):
+        export.unlink()
+    lines = []
+    train_project(resumed, echo=lines.append)
+    assert any(line.startswith("Resuming from ") and "used_epoch=1" in line for line in lines)
+    assert read_state(resumed)["used_sample"] == 46
+    for name in ("model-resnet_small.e2.keras", "model-resnet_small.keras"):
+        assert_same_weights(project / name, resumed / name)

@@ -11,6 +11,7 @@ than in memory (compat.weights_staged_on_disk).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -55,9 +56,28 @@ def save_atomic(model: keras.Model, path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def whole_trainable(model: keras.Model):
+    """Every layer trainable while inside, as it was afterwards.
+
+    A layer's trainable flag is part of the saved config: a model exported while its trunk is frozen
+    (freeze_backbone_epochs; the best model too, exported from inside validation) would load with a
+    frozen trunk and, used as --source-model, fit no checkpoint of the model it continues.
+    """
+    frozen = [layer for layer in model.layers if not layer.trainable]
+    for layer in frozen:
+        layer.trainable = True
+    try:
+        yield
+    finally:
+        for layer in frozen:
+            layer.trainable = False
+
+
 def export_model(model: keras.Model, path, float32_copy: Path | None = None) -> list[Path]:
-    """Write `path` and, when asked, a float32 rebuild of the model beside it. Returns what was written."""
-    with portable_batch_norm(model):
+    """Write `path` and, when asked, a float32 rebuild of the model beside it, every layer trainable.
+    Returns what was written."""
+    with whole_trainable(model), portable_batch_norm(model):
         written = [save_atomic(model, path)]
         if float32_copy is not None:
             written.append(save_atomic(with_policy(model, "float32"), float32_copy))

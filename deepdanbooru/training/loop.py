@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from deepdanbooru.errors import Interrupted, ModelError, TrainingError, file_field
 from deepdanbooru.models import build_model, load_model_file, make_optimizer
-from deepdanbooru.models.backbone import load_backbone_weights, set_backbone_trainable
+from deepdanbooru.models.backbone import load_backbone_weights
 from deepdanbooru.models.head import grow_vocabulary, set_head_bias
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt
@@ -45,6 +45,7 @@ from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.data import Epoch, slice_input
 from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
 from deepdanbooru.training.export import export_model
+from deepdanbooru.training.freeze import BackboneFreeze
 from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport, format_duration
 from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
@@ -187,6 +188,8 @@ class SliceTrainer:
         self.step = TrainStep(strategy, self.model, self.optimizer,
                               project_loss(self.config, "none", self.priors.loss_weights()),
                               loss_scaled=self.policy == MIXED, ema=self.ema)
+        self.freeze = BackboneFreeze(self.model, self._core["optimizer"], self.config.freeze_backbone_epochs,
+                                     on_change=self.step.retrace, echo=echo)
         self.step.sums.step.assign(self.counters.used_minibatch)
         # used_sample at the start of this process; the step's sums add what this process trains.
         self._base_samples = self.counters.used_sample
@@ -299,7 +302,7 @@ class SliceTrainer:
         while c.used_epoch < schedule.epoch_count:
             order = schedule.order(c.random_seed)
             self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)
-            self._freeze_backbone(c.used_epoch)
+            self.freeze.at_epoch(c.used_epoch, c.offset)
             while c.offset < schedule.train_records:
                 if not self._another_slice_fits():
                     return self._stop_for_time_limit()
@@ -418,20 +421,6 @@ class SliceTrainer:
         if self.schedule.export_due(c.used_epoch):
             self._export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch")
 
-    def _freeze_backbone(self, used_epoch: int) -> None:
-        """A function of used_epoch alone, so a resumed run freezes exactly where the first one did.
-
-        The optimizer was built with every variable: its slots and the checkpoint stay the same
-        whether the trunk is frozen or not.
-        """
-        last = self.config.freeze_backbone_epochs
-        frozen = used_epoch < last
-        if set_backbone_trainable(self.model, not frozen):
-            # The compiled step captured the trainable variables and batch-norm modes: trace again.
-            self.step.retrace()
-            self.echo(f"Backbone frozen for epochs 1 to {last}: only the head trains" if frozen
-                      else f"Backbone unfrozen from epoch {used_epoch + 1}: every layer trains")
-
     # --- checkpoints, exports, safety ---
 
     def _check_finite(self) -> None:
@@ -467,17 +456,11 @@ class SliceTrainer:
             return  # exports read the mirrored weights without collectives: the chief alone writes them
         started = time.monotonic()
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
-        # An export is a whole trainable model, also one written while the trunk is frozen.
-        refreeze = set_backbone_trainable(self.model, True)
-        try:
-            with self._averaged():
-                written = export_model(self.model, path, float32_copy=copy)
-                if self.validator is not None:
-                    report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
-                    write_sidecars(path, self.plan.tags, report)
-        finally:
-            if refreeze:
-                set_backbone_trainable(self.model, False)
+        with self._averaged():
+            written = export_model(self.model, path, float32_copy=copy)
+            if self.validator is not None:
+                report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
+                write_sidecars(path, self.plan.tags, report)
         if self.budget is not None:
             self.budget.export_took(time.monotonic() - started)
         for monitor in self.monitors:

@@ -393,8 +393,10 @@ class SliceTrainer:
     def _stop_for_time_limit(self) -> Counters:
         """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
         c = self.counters
-        export = self.paths.final_export(self.config.model)
+        export = self.paths.stopped_export(self.config.model)
         self._export(export, "time limit")
+        for monitor in self.monitors:
+            monitor.on_train_stopped(self._progress())
         budget = self.budget
         notice = budget.too_small_notice(self.config.config_path) if budget is not None else None
         if notice:
@@ -510,6 +512,8 @@ class SliceTrainer:
         recall = tp / (tp + fn) if tp + fn else 0.0
         f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
         eta = self._eta.update(now, self._done_records(position))
+        if eta is not None and self.budget is not None:
+            eta = min(eta, max(self.budget.seconds - self.budget.elapsed(), 0.0))  # the stop comes first
         progress = replace(self._progress(), used_sample=self._samples_trained())
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
                       precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,

@@ -246,6 +246,25 @@ def test_head_bias_and_vocabulary_growth_keep_rows_exactly():
                 np.testing.assert_array_equal(a, b)
 
 
+def test_growth_into_a_head_without_bias_starts_new_tags_at_their_prior():
+    """A DeepDanbooru-style head (1x1 conv without bias -> average pooling -> sigmoid) gains a bias: kept tags
+    answer exactly as before, every new tag answers its prior for every image."""
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((6, 6, 3))
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    x = keras.layers.Conv2D(3, 1, use_bias=False)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Activation("sigmoid")(x))
+    prior = [-1.0, -2.0, -3.0, -4.0]
+    grown, summary = grow_vocabulary(model, ["a", "b", "c"], ["c", "x", "a", "y"], prior)
+    assert summary == {"kept": 2, "new": 2, "dropped": 1}
+    images = np.random.default_rng(0).uniform(size=(5, 6, 6, 3)).astype(np.float32)
+    before, after = (keras.ops.convert_to_numpy(m(images)) for m in (model, grown))
+    np.testing.assert_allclose(after[:, [0, 2]], before[:, [2, 0]], rtol=1e-6)
+    expected = 1 / (1 + np.exp(-np.array([prior[1], prior[3]], dtype=np.float32)))
+    np.testing.assert_allclose(after[:, [1, 3]], np.broadcast_to(expected, (5, 2)), rtol=1e-6)
+
+
 # --- config ---
 
 @pytest.mark.parametrize("values, message", [

@@ -85,8 +85,10 @@ def set_head_bias(model: keras.Model, values) -> None:
 
 
 def _resized(layer, n_tags: int):
+    """The head layer rebuilt for n_tags units, always with a bias: the bias is where a new tag's prior goes."""
     config = layer.get_config()
     config["filters" if "filters" in config else "units"] = n_tags
+    config["use_bias"] = True
     return layer.__class__.from_config(config)
 
 
@@ -94,8 +96,11 @@ def grow_vocabulary(model: keras.Model, source_tags, tags, new_bias, source=None
     """A copy of `model` whose head has one unit per tag of `tags`.
 
     Every other layer keeps its weights; a tag in both vocabularies keeps its kernel column and bias
-    exactly; a new tag keeps the fresh initializer's column and, where the head has a bias, gets
-    `new_bias[i]`; a tag missing from `tags` is dropped. Returns (model, {"kept", "new", "dropped"}).
+    exactly; a new tag gets a zero kernel column and the bias `new_bias[i]`, so it starts at exactly
+    that output for every image (its prior, with the log-odds of its frequency) and learns its column
+    from there; a tag missing from `tags` is dropped. A head without a bias (every ResNet and
+    DeepDanbooru head) gains one, zero for the kept tags, so their outputs stay exactly as they were.
+    Returns (model, {"kept", "new", "dropped"}).
     """
     head = head_layer(model)
     if int(model.output_shape[-1]) != len(source_tags):
@@ -116,13 +121,13 @@ def grow_vocabulary(model: keras.Model, source_tags, tags, new_bias, source=None
     new_rows, old_rows = (np.array([p[k] for p in pairs], dtype=np.int64) for k in (0, 1))
     fresh = np.array([i for i, tag in enumerate(tags) if tag not in old_index], dtype=np.int64)
     target = grown.get_layer(head.name)
-    kernel = np.array(target.kernel.numpy())
-    kernel[..., new_rows] = head.kernel.numpy()[..., old_rows]
+    kernel = np.zeros(tuple(target.kernel.shape), dtype=keras.backend.standardize_dtype(target.kernel.dtype))
+    kernel[..., new_rows] = keras.ops.convert_to_numpy(head.kernel)[..., old_rows]
     target.kernel.assign(kernel)
+    bias = np.zeros(tuple(target.bias.shape), dtype=keras.backend.standardize_dtype(target.bias.dtype))
     if has_bias(head):
-        bias = np.array(target.bias.numpy())
-        bias[new_rows] = head.bias.numpy()[old_rows]
-        bias[fresh] = np.asarray(new_bias, dtype=bias.dtype)[fresh]
-        target.bias.assign(bias)
+        bias[new_rows] = keras.ops.convert_to_numpy(head.bias)[old_rows]
+    bias[fresh] = np.asarray(new_bias, dtype=bias.dtype)[fresh]
+    target.bias.assign(bias)
     summary = {"kept": len(pairs), "new": len(fresh), "dropped": len(source_tags) - len(pairs)}
     return grown, summary

@@ -129,7 +129,7 @@ class BestModelMonitor(Monitor):
     def _write(self, report: ValidationReport, best: BestValue, previous: BestValue | None) -> None:
         if self.model is None:
             raise RuntimeError("BestModelMonitor.on_validation before on_train_begin")
-        export_model(self.model, self.path, float32_copy=self.float32_copy)
+        export_model(self.model, self.path, float32_copy=self.float32_copy, tags=self.tags)
         extra = {"best_model_metric": best.metric, "value": best.value,
                  "previous": None if previous is None else previous.value}
         write_sidecars(self.path, self.tags, report, extra)

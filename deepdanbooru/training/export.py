@@ -20,6 +20,7 @@ import keras
 
 from deepdanbooru import compat
 from deepdanbooru.models.precision import with_policy
+from deepdanbooru.models.vocabulary import write_model_tags
 from deepdanbooru.training.strategy import portable_batch_norm
 
 _PARTIAL = ".partial-"
@@ -38,8 +39,9 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-def save_atomic(model: keras.Model, path) -> Path:
-    """Save `model` into a staging directory beside `path`, then rename the file into place."""
+def save_atomic(model: keras.Model, path, tags=None) -> Path:
+    """Save `model` into a staging directory beside `path`, then rename the file into place.
+    `tags`: the vocabulary, one per output unit, recorded inside the file (models.vocabulary)."""
     path = Path(path)
     if getattr(model, "optimizer", None) is not None:
         raise ValueError("refusing to export a compiled model: Keras would write its optimizer state")
@@ -49,6 +51,8 @@ def save_atomic(model: keras.Model, path) -> Path:
     try:
         with compat.weights_staged_on_disk():
             model.save(partial)
+        if tags is not None:
+            write_model_tags(partial, tags)
         _fsync(partial)
         os.replace(partial, path)
     finally:
@@ -74,13 +78,15 @@ def whole_trainable(model: keras.Model):
             layer.trainable = False
 
 
-def export_model(model: keras.Model, path, float32_copy: Path | None = None) -> list[Path]:
-    """Write `path` and, when asked, a float32 rebuild of the model beside it, every layer trainable.
-    Returns what was written."""
+def export_model(model: keras.Model, path, float32_copy: Path | None = None, tags=None) -> list[Path]:
+    """Write `path` and, when asked, a float32 rebuild of the model beside it, every layer trainable,
+    each recording `tags` when given. Returns what was written."""
+    if tags is not None and len(tags) != int(model.output_shape[-1]):
+        raise ValueError(f"{len(tags)} tags for a model of {model.output_shape[-1]} outputs")
     with whole_trainable(model), portable_batch_norm(model):
-        written = [save_atomic(model, path)]
+        written = [save_atomic(model, path, tags)]
         if float32_copy is not None:
-            written.append(save_atomic(with_policy(model, "float32"), float32_copy))
+            written.append(save_atomic(with_policy(model, "float32"), float32_copy, tags))
     return written
 
 

@@ -29,13 +29,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from deepdanbooru.errors import Interrupted, ModelError, TrainingError, file_field
-from deepdanbooru.models import build_model, load_model_file, make_optimizer
-from deepdanbooru.models.backbone import load_backbone_weights
-from deepdanbooru.models.head import grow_vocabulary, set_head_bias
+from deepdanbooru.errors import Interrupted, TrainingError, file_field
+from deepdanbooru.models import make_optimizer
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt
-from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
+from deepdanbooru.models.precision import MIXED, choose_policy
 from deepdanbooru.pipeline import TrainingInput
 from deepdanbooru.project.resume import describe_resume_point
 from deepdanbooru.project.tags import tags_hash
@@ -46,8 +44,8 @@ from deepdanbooru.training.data import Epoch, slice_input
 from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
 from deepdanbooru.training.export import export_model
 from deepdanbooru.training.freeze import BackboneFreeze
+from deepdanbooru.training.making import Priors, make_model
 from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport, format_duration
-from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
 from deepdanbooru.training.state import ResumeState, read_checkpoint_state
@@ -81,66 +79,6 @@ def _enable_determinism(seed: int) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-def _check_model_shapes(model, plan, source) -> None:
-    expected_input = (None, *plan.config.input_shape)
-    if tuple(model.input_shape) != expected_input:
-        raise ModelError(file_field(source, "input", f"model input is {tuple(model.input_shape)[1:]}, but "
-                                    f"{plan.config.config_path} asks for (height, width, 3) = "
-                                    f"{plan.config.input_shape}"))
-    output = tuple(model.output_shape)
-    if len(output) != 2 or output[1] != len(plan.tags):
-        raise ModelError(file_field(source, "output", f"model output is {output[1:]}, but {plan.paths.tags} "
-                                    f"has {len(plan.tags)} tags; give --source-tags (the tags.txt the model was "
-                                    "trained with) to map its outputs onto these tags by name"))
-
-
-class _Priors:
-    """Per-tag counts over the training records, counted once and only when a key needs them."""
-
-    def __init__(self, plan):
-        self.plan = plan
-        self._counts = None
-
-    @property
-    def counts(self) -> list[int]:
-        if self._counts is None:
-            self._counts = tag_counts(self.plan.train.tag_strings, self.plan.tags)
-        return self._counts
-
-    def log_odds(self) -> list[float]:
-        return log_odds(self.counts, len(self.plan.train))
-
-    def loss_weights(self) -> list[float] | None:
-        if self.plan.config.tag_loss_weights is None:
-            return None
-        return log_frequency_weights(self.counts, len(self.plan.train))
-
-
-def _make_model(plan, policy: str, priors: _Priors, resuming: bool, echo=print) -> keras.Model:
-    """Call inside the strategy scope: every variable must be created there."""
-    config = plan.config
-    if plan.source_model is None:
-        with global_policy(policy):
-            model = build_model(config.model, config.input_shape, len(plan.tags), seed=config.seed)
-        # A resumed run takes every weight from its checkpoint.
-        if config.backbone_weights is not None and not resuming:
-            count = load_backbone_weights(model, config.model, config.require_backbone_weights(), config.input_shape)
-            echo(f"Backbone: {count} trunk layers from {config.backbone_weights}; the head starts fresh")
-        if config.head_bias_init == "log_prior":
-            set_head_bias(model, priors.log_odds())
-        return model
-    if config.backbone_weights is not None and not resuming:
-        echo(f"notice: --source-model gives every weight; backbone_weights of {config.config_path} is not used")
-    # Loaded outside our control (maybe compiled, maybe another policy): rebuild uncompiled under ours.
-    loaded = load_model_file(plan.source_model)
-    if plan.source_tags is not None and list(plan.source_tags) != list(plan.tags):
-        loaded, summary = grow_vocabulary(loaded, plan.source_tags, plan.tags, priors.log_odds(), plan.source_model)
-        echo(f"--source-model {plan.source_model.name}: kept {summary['kept']:,} tags, {summary['new']:,} new, "
-             f"{summary['dropped']:,} dropped")
-    _check_model_shapes(loaded, plan, plan.source_model)
-    return with_policy(loaded, policy)
-
-
 def _monitor_state(monitors) -> tf.Module:
     """The monitors' checkpoint_objects under one key, so they never collide with the trainer's own."""
     state = tf.Module(name="monitors")
@@ -172,7 +110,7 @@ class SliceTrainer:
         self.input_options = TrainingInput.from_config(self.config)
         # The learning rate per epoch (steps) or per minibatch (warmup_cosine).
         self.rates = LearningRateSchedule(self.config, len(plan.train))
-        self.priors = _Priors(plan)
+        self.priors = Priors(plan)
 
         check_global_batch(strategy, self.config.minibatch_size, self.config.config_path)
         echo(describe_strategy(strategy, self.role, self.config.minibatch_size))
@@ -214,7 +152,8 @@ class SliceTrainer:
 
     def _build_model_and_optimizer(self) -> None:
         with self.strategy.scope():
-            self.model = _make_model(self.plan, self.policy, self.priors, bool(self.latest), self.echo)
+            self.model = make_model(self.plan, self.policy, self.priors, bool(self.latest), self.echo,
+                                    write_report=self.role.is_chief)
             rate = self.rates.rate(0, 0)
             self.optimizer, inner = build_optimizer(
                 # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
@@ -459,7 +398,7 @@ class SliceTrainer:
         started = time.monotonic()
         copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
         with self._averaged():
-            written = export_model(self.model, path, float32_copy=copy)
+            written = export_model(self.model, path, float32_copy=copy, tags=self.plan.tags)
             if self.validator is not None:
                 report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
                 write_sidecars(path, self.plan.tags, report)

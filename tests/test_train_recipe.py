@@ -164,7 +164,7 @@ def test_ema_turned_on_and_off_between_runs(recipe_run, tmp_path):
     (project / "project.json").write_text(json.dumps({**config, "ema_decay": None}))
     without = _trainer(plan_training(project), lambda *_: None)
     assert without.ema is None and without.counters.used_minibatch == 7
-    assert without._save_checkpoint().endswith("ckpt-5")
+    assert without.save_checkpoint().endswith("ckpt-5")
     (project / "project.json").write_text(json.dumps({**config, "ema_decay": 0.5}))
     lines = []
     again = _trainer(plan_training(project), lines.append)
@@ -172,4 +172,4 @@ def test_ema_turned_on_and_off_between_runs(recipe_run, tmp_path):
                for line in lines)
     for weight, average in zip(again.ema.weights, again.ema.averages):
         np.testing.assert_array_equal(weight.numpy(), average.numpy())
-    assert again._save_checkpoint().endswith("ckpt-6")
+    assert again.save_checkpoint().endswith("ckpt-6")

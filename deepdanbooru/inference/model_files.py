@@ -51,7 +51,7 @@ def _project_model(config: ProjectConfig) -> tuple[Path, str]:
     candidates = [(final, "the project's final export"),
                   (ProjectPaths.float32_copy(final), "the float32 copy of the project's final export"),
                   (paths.stopped_export(config.model),
-                   "the export of a --time-limit stop (training not complete; no final export yet)"),
+                   "the export of a --time-limit stop: training is not complete"),
                   (paths.legacy_export(config.model), "the project's DeepDanbooru .h5 export")]
     for candidate, kind in candidates:
         if candidate.is_file():

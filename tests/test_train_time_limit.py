@@ -71,6 +71,30 @@ def test_another_slice_fits_only_with_room_for_the_slice_its_exports_and_the_mar
     assert "lower checkpoint_frequency_mb in p/project.json" in notice and "--time-limit 1000s" in notice
 
 
+def test_the_eta_counts_to_the_time_limit_when_that_comes_first():
+    from types import SimpleNamespace
+
+    from deepdanbooru.runstate.state import Counters
+    from deepdanbooru.training.reporting import RunReport
+
+    class Records:  # 1,000 records an epoch, two epochs
+        epoch_count = 2
+
+        def done_records(self, used_epoch, position):
+            return used_epoch * 1000 + position
+
+    clock = Clock()
+    budget = TimeBudget(600.0, "10m", clock=clock)
+    report = RunReport(SimpleNamespace(time_budget=budget), Records(), None, Counters(), None, [])
+    assert report.eta(0.0, 0) is None  # the first line only starts the measurement
+    # 100 records in 10 s: 1,900 records left take 190 s, within the 600 s limit.
+    assert report.eta(10.0, 100) == pytest.approx(190.0)
+    clock.now += 500.0  # 100 s of the limit left: the stop comes before the end
+    assert report.eta(20.0, 200) == pytest.approx(100.0)
+    report.budget = None
+    assert report.eta(30.0, 300) == pytest.approx(170.0)
+
+
 # Two epochs of two slices (24 records, batch 4, 3 minibatches a slice), with the issue-17 augmentation on:
 # its random draws must also come back the same after a resume.
 CHAIN = dict(checkpoint_frequency_mb=3, horizontal_flip=True, crop_area_range=[0.8, 1.0], mixup=0.4)

@@ -41,6 +41,21 @@ def test_the_head_of_a_deepdanbooru_style_model_is_found_by_structure():
     assert lines == ["Backbone frozen for epochs 1 to 1: only the head trains"]
 
 
+@pytest.mark.parametrize("name", [
+    "resnet_small", "vit_small_patch16",
+    pytest.param("convnext_tiny", marks=pytest.mark.slow), pytest.param("efficientnetv2_b0", marks=pytest.mark.slow)])
+def test_only_the_trunk_freezes_on_every_model_family(name):
+    from deepdanbooru.models import build_model
+
+    model = build_model(name, (32, 32, 3), 3)
+    BackboneFreeze(model, None, 1, echo=lambda *_: None).at_epoch(0, 1)
+    head = head_layer(model)
+    assert head.name in ("head_conv", "head_dense")
+    assert [v.path for v in model.trainable_variables] == [v.path for v in head.trainable_variables]
+    BackboneFreeze(model, None, 1, echo=lambda *_: None).at_epoch(1, 1)
+    assert len(model.trainable_variables) > 10
+
+
 def _batches(count, seed=1):
     rng = np.random.default_rng(seed)
     return [{"image": tf.constant(rng.uniform(size=(4, 8, 8, 3)).astype(np.float32)),

@@ -249,7 +249,8 @@ def test_new_keys_default_validate_and_resolve(tmp_path):
 
 @pytest.mark.slow
 def test_application_weights_file_loads_into_the_trunk(tmp_path):
-    from deepdanbooru.models.backbone import is_head, load_backbone_weights
+    from deepdanbooru.models.backbone import load_backbone_weights
+    from deepdanbooru.models.head import trunk_layers
 
     # What a user has: the keras.applications model's weights (here random, at another input size,
     # with the application's own preprocessing on).
@@ -265,7 +266,7 @@ def test_application_weights_file_loads_into_the_trunk(tmp_path):
                 np.testing.assert_array_equal(ours, theirs)
     for ours, fresh in zip(model.get_layer("head_dense").get_weights(), fresh_head):
         np.testing.assert_array_equal(ours, fresh)
-    assert sum(1 for layer in model.layers if layer.weights and not is_head(layer)) == \
+    assert len(trunk_layers(model)) == \
         sum(1 for layer in application.layers if layer.weights)
     _assert_same_trunk_output(model, "top_activation", keras.applications.EfficientNetV2B0, path)
 
@@ -343,7 +344,7 @@ def frozen_run(tmp_path_factory, sample_dataset):
 
 @pytest.mark.slow
 def test_frozen_epoch_trains_only_the_head_then_everything(frozen_run):
-    from deepdanbooru.models.backbone import is_head
+    from deepdanbooru.models.head import trunk_layers
 
     project, trunk, lines, _ = frozen_run
     assert any(line.startswith("Backbone: ") and "trunk layers from " in line for line in lines)
@@ -358,8 +359,8 @@ def test_frozen_epoch_trains_only_the_head_then_everything(frozen_run):
             # Epoch 1: the trunk, batch-norm statistics included, is the file's exactly.
             for ours, theirs in zip(after_1.get_layer(layer.name).get_weights(), layer.get_weights()):
                 np.testing.assert_array_equal(ours, theirs)
-    moved = [layer.name for layer in after_2.layers if layer.weights and not is_head(layer)
-             and not np.array_equal(layer.get_weights()[0], after_1.get_layer(layer.name).get_weights()[0])]
+    moved = [layer.name for layer in trunk_layers(after_2)
+             if not np.array_equal(layer.get_weights()[0], after_1.get_layer(layer.name).get_weights()[0])]
     assert "stem_conv" in moved
     assert not np.array_equal(after_1.get_layer("head_conv").get_weights()[0],
                               build_model("resnet_small", (32, 32, 3), 17).get_layer("head_conv").get_weights()[0])

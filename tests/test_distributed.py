@@ -423,4 +423,4 @@ def test_time_limit_on_the_chief_stops_every_worker_at_the_same_slice(reference,
     chief_out, worker_out = (out for _, out, _ in results)
     assert "Exported" in chief_out and "Exported" not in worker_out
     assert json.loads((project / "checkpoints" / "state.json").read_text())["offset"] == 8
-    assert (project / FINAL).exists()
+    assert (project / "model-resnet_small.stopped.keras").exists() and not (project / FINAL).exists()

@@ -373,10 +373,18 @@ def test_missing_export_is_a_clear_error_and_legacy_h5_is_used(project, images):
     result = run_cli("evaluate", images["red"], "--project-path", project)
     assert result.exit_code == 2
     assert "no exported model (looked for model-resnet_small.keras, model-resnet_small.float32.keras, " \
-           "model-resnet_small.h5)" in result.stderr
+           "model-resnet_small.stopped.keras, model-resnet_small.h5)" in result.stderr
     (project / "model-resnet_small.e3.keras").write_bytes(model_bytes)
     result = run_cli("evaluate", images["red"], "--project-path", project)
     assert "use it with --model-path" in result.stderr and "model-resnet_small.e3.keras" in result.stderr
+    # What a --time-limit stop wrote is used, and called what it is.
+    stopped = project / "model-resnet_small.stopped.keras"
+    stopped.write_bytes(model_bytes)
+    result = run_cli("evaluate", images["red"], "--project-path", project, "--verbose")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"Model: {stopped} (the export of a --time-limit stop: training is not "
+                                    "complete)")
+    stopped.unlink()
     colour_model().save(project / "model-resnet_small.h5")
     result = run_cli("evaluate", images["red"], "--project-path", project, "--verbose")
     assert result.exit_code == 0, result.output

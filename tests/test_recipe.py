@@ -174,7 +174,7 @@ def test_weight_average_updates_and_swaps_back_exactly():
     for weight in average.weights:
         weight.assign(weight + 1.0)
     trained = [w.numpy().copy() for w in average.weights]
-    average.update()
+    average.update(100)  # past the warm-up: (1 + 100) / (10 + 100) > 0.75
     expected = [np.float32(0.75) * s + np.float32(0.25) * t for s, t in zip(start, trained)]
     for got, want in zip(average.averages, expected):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
@@ -185,6 +185,41 @@ def test_weight_average_updates_and_swaps_back_exactly():
     for weight, want in zip(average.weights, trained):
         np.testing.assert_array_equal(weight.numpy(), want)
     assert len(average.weights) == len(model.weights)  # batch-norm statistics too
+
+
+def test_weight_average_warms_up_and_resumes_exactly(tmp_path):
+    """d = min(decay, (1 + n) / (10 + n)): the first average is mostly the trained weights, not the start;
+    an average restored from a checkpoint with the step count goes on exactly as one never stopped."""
+    rng = np.random.default_rng(3)
+    model = tiny_model()
+    steps = [[rng.normal(size=w.shape).astype(np.float32) for w in model.weights] for _ in range(5)]
+
+    def train(average, first, last):
+        for n in range(first, last):
+            for weight, value in zip(average.weights, steps[n]):
+                weight.assign(value)
+            average.update(n)
+
+    uninterrupted = WeightAverage(model, 0.999)
+    start = [w.numpy().copy() for w in uninterrupted.weights]
+    train(uninterrupted, 0, 1)
+    for got, first, begin in zip(uninterrupted.averages, steps[0], start):
+        np.testing.assert_allclose(got.numpy(), np.float32(0.1) * begin + np.float32(0.9) * first, rtol=1e-5,
+                                   atol=1e-6)
+    train(uninterrupted, 1, 5)
+    expected = [a.numpy().copy() for a in uninterrupted.averages]
+
+    first_model = tiny_model()
+    for weight, value in zip(first_model.weights, start):
+        weight.assign(value)
+    stopped = WeightAverage(first_model, 0.999)
+    train(stopped, 0, 2)
+    path = tf.train.Checkpoint(ema=stopped.state).write(str(tmp_path / "ckpt"))
+    resumed = WeightAverage(tiny_model(), 0.999)
+    tf.train.Checkpoint(ema=resumed.state).read(path).assert_existing_objects_matched()
+    train(resumed, 2, 5)
+    for got, want in zip(resumed.averages, expected):
+        np.testing.assert_array_equal(got.numpy(), want)
 
 
 # --- head ---
@@ -210,6 +245,25 @@ def test_head_bias_and_vocabulary_growth_keep_rows_exactly():
         if layer.name != "head" and layer.weights:
             for a, b in zip(layer.get_weights(), grown.get_layer(layer.name).get_weights()):
                 np.testing.assert_array_equal(a, b)
+
+
+def test_growth_into_a_head_without_bias_starts_new_tags_at_their_prior():
+    """A DeepDanbooru-style head (1x1 conv without bias -> average pooling -> sigmoid) gains a bias: kept tags
+    answer exactly as before, every new tag answers its prior for every image."""
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((6, 6, 3))
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    x = keras.layers.Conv2D(3, 1, use_bias=False)(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Activation("sigmoid")(x))
+    prior = [-1.0, -2.0, -3.0, -4.0]
+    grown, summary = grow_vocabulary(model, ["a", "b", "c"], ["c", "x", "a", "y"], prior)
+    assert summary == {"kept": 2, "new": 2, "dropped": 1}
+    images = np.random.default_rng(0).uniform(size=(5, 6, 6, 3)).astype(np.float32)
+    before, after = (keras.ops.convert_to_numpy(m(images)) for m in (model, grown))
+    np.testing.assert_allclose(after[:, [0, 2]], before[:, [2, 0]], rtol=1e-6)
+    expected = 1 / (1 + np.exp(-np.array([prior[1], prior[3]], dtype=np.float32)))
+    np.testing.assert_allclose(after[:, [1, 3]], np.broadcast_to(expected, (5, 2)), rtol=1e-6)
 
 
 # --- config ---

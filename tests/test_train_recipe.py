@@ -89,12 +89,19 @@ def test_vocabulary_growth_keeps_rows_and_exports_the_new_vocabulary(recipe_run,
     reference, _ = recipe_run
     source = reference / "model-resnet_small.keras"
     database, tags = sample_dataset
-    # Its thresholds.csv says which tags it was trained on; drop two, add three, reorder.
+    # The file records which tags it was trained on (no sidecar needed); drop two, add three, reorder.
+    copy = tmp_path / "copied.keras"
+    shutil.copyfile(source, copy)
     new_tags = ["new_a", *reversed(tags[2:]), "new_b", "new_c"]
     project = make_project(tmp_path / "grown", database, new_tags, epoch_count=1)
     lines = []
-    trainer = _trainer(plan_training(project, source_model=source), lines.append)
-    assert "--source-model model-resnet_small.keras: kept 15 tags, 3 new, 2 dropped" in lines
+    trainer = _trainer(plan_training(project, source_model=copy), lines.append)
+    report = project / "logs" / "vocabulary.txt"
+    assert (f"--source-model copied.keras: kept 15 tags, 3 new, 2 dropped (listed in {report}); new tags start "
+            "at their frequency's prior") in lines
+    listed = [line.split("\t") for line in report.read_text().splitlines()[1:]]
+    assert listed == [["new" if tag.startswith("new_") else "kept", tag] for tag in new_tags] + \
+        [["dropped", tag] for tag in tags[:2]]
     source_weights, grown_weights = weights(source), [w.numpy() for w in trainer.model.weights]
     kernel_index = [i for i, w in enumerate(source_weights) if w.shape[-1] == len(tags) and w.ndim == 4][0]
     for a, b in zip(source_weights[:kernel_index], grown_weights[:kernel_index]):
@@ -152,7 +159,7 @@ def test_ema_turned_on_and_off_between_runs(recipe_run, tmp_path):
     (project / "project.json").write_text(json.dumps({**config, "ema_decay": None}))
     without = _trainer(plan_training(project), lambda *_: None)
     assert without.ema is None and without.counters.used_minibatch == 7
-    assert without._save_checkpoint().endswith("ckpt-5")
+    assert without.save_checkpoint().endswith("ckpt-5")
     (project / "project.json").write_text(json.dumps({**config, "ema_decay": 0.5}))
     lines = []
     again = _trainer(plan_training(project), lines.append)
@@ -160,4 +167,4 @@ def test_ema_turned_on_and_off_between_runs(recipe_run, tmp_path):
                for line in lines)
     for weight, average in zip(again.ema.weights, again.ema.averages):
         np.testing.assert_array_equal(weight.numpy(), average.numpy())
-    assert again._save_checkpoint().endswith("ckpt-6")
+    assert again.save_checkpoint().endswith("ckpt-6")

@@ -37,7 +37,8 @@ class ModelFiles:
 
 
 def project_model(config: ProjectConfig) -> Path:
-    """The project's final export; else the float32 copy of it; else DeepDanbooru's legacy .h5."""
+    """The project's final export; else the float32 copy of it; else what a --time-limit stop exported;
+    else DeepDanbooru's legacy .h5."""
     return _project_model(config)[0]
 
 
@@ -49,6 +50,8 @@ def _project_model(config: ProjectConfig) -> tuple[Path, str]:
     final = paths.final_export(config.model)
     candidates = [(final, "the project's final export"),
                   (ProjectPaths.float32_copy(final), "the float32 copy of the project's final export"),
+                  (paths.stopped_export(config.model),
+                   "the export of a --time-limit stop: training is not complete"),
                   (paths.legacy_export(config.model), "the project's DeepDanbooru .h5 export")]
     for candidate, kind in candidates:
         if candidate.is_file():

@@ -1,7 +1,7 @@
 """The trunk of a tagger: loading its weights from a file (backbone_weights) and freezing it.
 
-Every layer of a model from build_model is trunk except the head: the layers
-named head_* and the output activation.
+Every layer of a model is trunk except the head (models.head: the per-tag layer
+and the weightless layers after it, found by structure).
 
 A weights file is read by the model it was written for, then copied layer by
 layer, in order, into our trunk:
@@ -27,11 +27,8 @@ import keras
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.models.head import head_layers, trunk_layers
 from deepdanbooru.models.table import get_architecture
-
-
-def is_head(layer) -> bool:
-    return layer.name.startswith("head_") or layer.name == "output"
 
 
 def build_trunk(name: str, input_shape, seed: int = 0) -> keras.Model:
@@ -39,7 +36,8 @@ def build_trunk(name: str, input_shape, seed: int = 0) -> keras.Model:
     from deepdanbooru.models.builder import build_model
 
     model = build_model(name, input_shape, 1, seed=seed)
-    last = [layer for layer in model.layers if not is_head(layer)][-1]
+    head = {id(layer) for layer in head_layers(model)}
+    last = [layer for layer in model.layers if id(layer) not in head][-1]
     return keras.Model(model.input, last.output, name=f"{name}_trunk")
 
 
@@ -78,7 +76,8 @@ def _flat_layers(model):
 
 
 def _trunk_layers(model):
-    return [layer for layer in _flat_layers(model) if layer.weights and not is_head(layer)]
+    head = {id(layer) for layer in head_layers(model)}
+    return [layer for layer in _flat_layers(model) if layer.weights and id(layer) not in head]
 
 
 def _squeezed(layer) -> list[tuple[int, ...]]:
@@ -124,8 +123,8 @@ def set_backbone_trainable(model: keras.Model, trainable: bool) -> bool:
     runs on its moving statistics.
     """
     changed = False
-    for layer in model.layers:
-        if layer.weights and not is_head(layer) and layer.trainable != trainable:
+    for layer in trunk_layers(model):
+        if layer.trainable != trainable:
             layer.trainable = trainable
             changed = True
     return changed

@@ -15,6 +15,7 @@ import keras
 
 from deepdanbooru import compat
 from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.models.vocabulary import write_model_tags
 
 MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
 
@@ -81,8 +82,9 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-def save_atomic(model: keras.Model, path) -> Path:
-    """Save `model` into a staging directory beside `path`, then rename the file into place."""
+def save_atomic(model: keras.Model, path, tags=None) -> Path:
+    """Save `model` into a staging directory beside `path`, then rename the file into place.
+    `tags`: the vocabulary, one per output unit, recorded inside the file (models.vocabulary)."""
     path = Path(path)
     if getattr(model, "optimizer", None) is not None:
         raise ValueError("refusing to export a compiled model: Keras would write its optimizer state")
@@ -92,6 +94,8 @@ def save_atomic(model: keras.Model, path) -> Path:
     try:
         with compat.weights_staged_on_disk():
             model.save(partial)
+        if tags is not None:
+            write_model_tags(partial, tags)
         _fsync(partial)
         os.replace(partial, path)
     finally:

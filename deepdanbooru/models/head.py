@@ -1,4 +1,12 @@
-"""The tagger head: find it in any of our or DeepDanbooru's models, set its bias, grow its vocabulary."""
+"""The tagger head: find it in any of our or DeepDanbooru's models, set its bias, grow its vocabulary.
+
+The one definition of "head", used by freezing, trunk weights, growth, the prior bias and exports:
+the layer with weights nearest the output, whose kernel has one unit per tag (our dense or 1x1-conv
+head; DeepDanbooru's `Conv2D(n_tags, 1x1) -> GlobalAveragePooling2D -> sigmoid` too), plus the
+weightless layers between it and the output. Found by structure, never by layer name, so models
+whose layers Keras numbered (DeepDanbooru 1.0's) are read the same way as ours. Every other layer
+with weights is trunk.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +29,8 @@ def _producer(model: keras.Model, tensor):
     return None
 
 
-def head_layer(model: keras.Model):
-    """The layer with weights nearest the output (our dense or 1x1-conv head; DeepDanbooru's too).
+def _walk_to_head(model: keras.Model) -> list:
+    """[head layer, weightless layers after it ..., output layer]; raises ModelError when there is none.
 
     Walks back from the output layer (models.precision.output_layer_names) through weightless layers
     (activation, pooling, flatten).
@@ -31,16 +39,40 @@ def head_layer(model: keras.Model):
     if len(names) != 1:
         raise ModelError(f"{model.name}: expected one output layer, found {len(names)}")
     layer = model.get_layer(names[0])
+    path = [layer]
     while not layer.weights:
         inbound = layer.input
         producer = None if isinstance(inbound, (list, tuple)) else _producer(model, inbound)
         if producer is None:
             raise ModelError(f"{model.name}: cannot find the output layer's weights")
         layer = producer
+        path.append(layer)
     kernel = getattr(layer, "kernel", None)
-    if kernel is None or int(kernel.shape[-1]) != int(model.output_shape[-1]):
+    if len(model.output_shape) != 2 or kernel is None or int(kernel.shape[-1]) != int(model.output_shape[-1]):
         raise ModelError(f"{model.name}: the last layer with weights ({layer.name}) is not a head of one unit per tag")
-    return layer
+    return path[::-1]
+
+
+def head_layer(model: keras.Model):
+    """The layer whose kernel has one unit per tag (see the module's definition of the head)."""
+    return _walk_to_head(model)[0]
+
+
+def head_layers(model: keras.Model) -> list:
+    """Every layer of the head: the per-tag layer and the weightless layers up to the output.
+
+    Empty for a model without a per-tag head (a trunk, e.g. a keras.applications model without its top).
+    """
+    try:
+        return _walk_to_head(model)
+    except ModelError:
+        return []
+
+
+def trunk_layers(model: keras.Model) -> list:
+    """The top-level layers with weights that are not the head (a nested model counts as one layer)."""
+    head = {id(layer) for layer in head_layers(model)}
+    return [layer for layer in model.layers if layer.weights and id(layer) not in head]
 
 
 def has_bias(layer) -> bool:
@@ -53,8 +85,10 @@ def set_head_bias(model: keras.Model, values) -> None:
 
 
 def _resized(layer, n_tags: int):
+    """The head layer rebuilt for n_tags units, always with a bias: the bias is where a new tag's prior goes."""
     config = layer.get_config()
     config["filters" if "filters" in config else "units"] = n_tags
+    config["use_bias"] = True
     return layer.__class__.from_config(config)
 
 
@@ -62,8 +96,11 @@ def grow_vocabulary(model: keras.Model, source_tags, tags, new_bias, source=None
     """A copy of `model` whose head has one unit per tag of `tags`.
 
     Every other layer keeps its weights; a tag in both vocabularies keeps its kernel column and bias
-    exactly; a new tag keeps the fresh initializer's column and, where the head has a bias, gets
-    `new_bias[i]`; a tag missing from `tags` is dropped. Returns (model, {"kept", "new", "dropped"}).
+    exactly; a new tag gets a zero kernel column and the bias `new_bias[i]`, so it starts at exactly
+    that output for every image (its prior, with the log-odds of its frequency) and learns its column
+    from there; a tag missing from `tags` is dropped. A head without a bias (every ResNet and
+    DeepDanbooru head) gains one, zero for the kept tags, so their outputs stay exactly as they were.
+    Returns (model, {"kept", "new", "dropped"}).
     """
     head = head_layer(model)
     if int(model.output_shape[-1]) != len(source_tags):
@@ -84,13 +121,13 @@ def grow_vocabulary(model: keras.Model, source_tags, tags, new_bias, source=None
     new_rows, old_rows = (np.array([p[k] for p in pairs], dtype=np.int64) for k in (0, 1))
     fresh = np.array([i for i, tag in enumerate(tags) if tag not in old_index], dtype=np.int64)
     target = grown.get_layer(head.name)
-    kernel = np.array(target.kernel.numpy())
-    kernel[..., new_rows] = head.kernel.numpy()[..., old_rows]
+    kernel = np.zeros(tuple(target.kernel.shape), dtype=keras.backend.standardize_dtype(target.kernel.dtype))
+    kernel[..., new_rows] = keras.ops.convert_to_numpy(head.kernel)[..., old_rows]
     target.kernel.assign(kernel)
+    bias = np.zeros(tuple(target.bias.shape), dtype=keras.backend.standardize_dtype(target.bias.dtype))
     if has_bias(head):
-        bias = np.array(target.bias.numpy())
-        bias[new_rows] = head.bias.numpy()[old_rows]
-        bias[fresh] = np.asarray(new_bias, dtype=bias.dtype)[fresh]
-        target.bias.assign(bias)
+        bias[new_rows] = keras.ops.convert_to_numpy(head.bias)[old_rows]
+    bias[fresh] = np.asarray(new_bias, dtype=bias.dtype)[fresh]
+    target.bias.assign(bias)
     summary = {"kept": len(pairs), "new": len(fresh), "dropped": len(source_tags) - len(pairs)}
     return grown, summary

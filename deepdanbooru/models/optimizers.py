@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from deepdanbooru import compat
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.models.backbone import is_head
+from deepdanbooru.models.head import head_layers
 from deepdanbooru.models.table import get_architecture
 from deepdanbooru.registry import FAMILIES
 
@@ -146,8 +146,9 @@ def layer_rate_factors(model, name: str, layer_decay: float | None, source=None)
     architecture, groups = _groups(name)
     count = groups.units_of(architecture)
     factors = []
+    head = {id(layer) for layer in head_layers(model)}
     for layer, variable in _owned_variables(model):
-        if is_head(layer) or groups.is_top(layer.name):
+        if id(layer) in head or groups.is_top(layer.name):
             continue
         unit = groups.unit_of(layer.name)
         if unit is None or unit >= count:

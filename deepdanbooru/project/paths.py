@@ -50,6 +50,10 @@ class ProjectPaths:
     def final_export(self, model: str) -> Path:
         return self.root / f"model-{model}.keras"
 
+    def stopped_export(self, model: str) -> Path:
+        """What a --time-limit stop exports: never the final export's name before the run completes."""
+        return self.root / f"model-{model}.stopped.keras"
+
     def best_export(self, model: str) -> Path:
         return self.root / f"model-{model}.best.keras"
 

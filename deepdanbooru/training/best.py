@@ -5,7 +5,12 @@ weights it was compared against, so a resumed run neither forgets it nor
 replaces a better model with a worse one. Validation runs before the
 checkpoint of its slice: a run killed after writing a new best but before
 the checkpoint redoes that slice, reaches the same weights and rewrites the
-same file.
+same file. Some validations follow the last checkpoint and are never redone:
+the one an export runs when its step was not validated (a --time-limit stop,
+the final export). Their best lives only in best.json, so a resumed run also
+reads best.json and keeps the better of the two when best.json's step is at
+or before the checkpoint it resumes from (a later step belongs to a slice the
+run trains again).
 
 Files, each replaced atomically, in this order (best.json last, so when it
 names a step the model beside it is at least that new):
@@ -61,6 +66,16 @@ def best_json_path(best_export: Path) -> Path:
     return best_export.with_name(best_export.stem + ".json")
 
 
+def _best_json(best_export: Path, metric: str) -> BestValue | None:
+    """What best.json beside `best_export` records for `metric`, or None (missing, unreadable, other metric)."""
+    try:
+        payload = json.loads(best_json_path(best_export).read_text(encoding="utf-8"))
+        value, step = float(payload["value"]), int(payload["used_minibatch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return BestValue(metric, value, step) if payload.get("metric") == metric else None
+
+
 class BestModelMonitor(Monitor):
     """Saves the model whenever `metric` improves on the best validation so far (loss: lower is better)."""
 
@@ -81,11 +96,20 @@ class BestModelMonitor(Monitor):
         self.model = run.model
         saved = self.state.get()
         if saved is None:
-            return
+            written = _best_json(self.path, self.metric) if run.resumed_from else None
+            if written is None or written.used_minibatch > run.start.used_minibatch:
+                return
+            saved = written
+            self.state.set(saved)
         if saved.metric != self.metric:
             self.echo(f"notice: best_model_metric changed from {saved.metric} to {self.metric}; "
                       f"{self.path.name} will be replaced at the next validation")
             return
+        written = _best_json(self.path, self.metric)
+        if written is not None and run.resumed_from and written.used_minibatch <= run.start.used_minibatch and \
+                is_improvement(self.metric, written.value, saved.value):
+            saved = written
+            self.state.set(saved)
         self.best = saved
         if run.validation_records:
             self.echo(f"Best so far: {saved.metric} {saved.value:.4f} at step {saved.used_minibatch} ({self.path.name})")
@@ -105,7 +129,7 @@ class BestModelMonitor(Monitor):
     def _write(self, report: ValidationReport, best: BestValue, previous: BestValue | None) -> None:
         if self.model is None:
             raise RuntimeError("BestModelMonitor.on_validation before on_train_begin")
-        export_model(self.model, self.path, float32_copy=self.float32_copy)
+        export_model(self.model, self.path, float32_copy=self.float32_copy, tags=self.tags)
         extra = {"best_model_metric": best.metric, "value": best.value,
                  "previous": None if previous is None else previous.value}
         write_sidecars(self.path, self.tags, report, extra)

@@ -10,6 +10,7 @@ place when complete (models.files.save_atomic, shared with import-model).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -23,12 +24,33 @@ from deepdanbooru.training.strategy import portable_batch_norm
 __all__ = ["export_model", "remove_partial_exports", "save_atomic"]
 
 
-def export_model(model: keras.Model, path, float32_copy: Path | None = None) -> list[Path]:
-    """Write `path` and, when asked, a float32 rebuild of the model beside it. Returns what was written."""
-    with portable_batch_norm(model):
-        written = [save_atomic(model, path)]
+@contextlib.contextmanager
+def whole_trainable(model: keras.Model):
+    """Every layer trainable while inside, as it was afterwards.
+
+    A layer's trainable flag is part of the saved config: a model exported while its trunk is frozen
+    (freeze_backbone_epochs; the best model too, exported from inside validation) would load with a
+    frozen trunk and, used as --source-model, fit no checkpoint of the model it continues.
+    """
+    frozen = [layer for layer in model.layers if not layer.trainable]
+    for layer in frozen:
+        layer.trainable = True
+    try:
+        yield
+    finally:
+        for layer in frozen:
+            layer.trainable = False
+
+
+def export_model(model: keras.Model, path, float32_copy: Path | None = None, tags=None) -> list[Path]:
+    """Write `path` and, when asked, a float32 rebuild of the model beside it, every layer trainable,
+    each recording `tags` when given. Returns what was written."""
+    if tags is not None and len(tags) != int(model.output_shape[-1]):
+        raise ValueError(f"{len(tags)} tags for a model of {model.output_shape[-1]} outputs")
+    with whole_trainable(model), portable_batch_norm(model):
+        written = [save_atomic(model, path, tags)]
         if float32_copy is not None:
-            written.append(save_atomic(with_policy(model, "float32"), float32_copy))
+            written.append(save_atomic(with_policy(model, "float32"), float32_copy, tags))
     return written
 
 

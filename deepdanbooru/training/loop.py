@@ -2,7 +2,7 @@
 
     while used_epoch < epoch_count:
         order = permutation(train records, seed=(seed, random_seed))
-        learning rate = schedule(used_epoch)
+        learning rate = schedule(used_epoch); trunk frozen or not (freeze_backbone_epochs)
         while offset < len(records):
             (--time-limit: stop and export here if the next slice and its exports would not fit)
             train on order[offset : offset + checkpoint_frequency_mb * minibatch_size]
@@ -15,64 +15,39 @@ Every random choice is a function of (seed, random_seed, position), the
 checkpoint holds every counter next to the weights and optimizer, and each
 slice is batched on its own, so a run restarted from any checkpoint forms the
 same batches with the same augmentation as a run that never stopped.
+
+SliceTrainer composes the parts, each with one job: making the model
+(training.making), the checkpoint (training.checkpointing), the frozen trunk
+(training.freeze), one slice's steps (training.slices), validation and exports
+(training.outputs), what the run prints (training.reporting).
 """
 
 from __future__ import annotations
 
-import contextlib
-import shlex
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from deepdanbooru.errors import Interrupted, ModelError, TrainingError, file_field
-from deepdanbooru.models import build_model, load_model_file, make_optimizer
-from deepdanbooru.models.backbone import load_backbone_weights, set_backbone_trainable
-from deepdanbooru.models.head import grow_vocabulary, set_head_bias
+from deepdanbooru.errors import Interrupted, TrainingError, file_field
+from deepdanbooru.models import make_optimizer
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors
-from deepdanbooru.models.precision import MIXED, choose_policy, global_policy, with_policy
-from deepdanbooru.pipeline import TrainingInput
-from deepdanbooru.project.resume import describe_resume_point
+from deepdanbooru.models.precision import MIXED, choose_policy
 from deepdanbooru.project.tags import tags_hash
-from deepdanbooru.runstate.state import Counters, RunIdentity, check_identity, write_state_json
+from deepdanbooru.runstate.state import Counters, RunIdentity
 from deepdanbooru.scoring.split import records_hash
-from deepdanbooru.training.chief import checkpoint_manager
-from deepdanbooru.training.data import Epoch, shard_reader, slice_input
-from deepdanbooru.training.ema import WeightAverage, checkpoint_has_average
-from deepdanbooru.training.export import export_model
-from deepdanbooru.training.monitors import Eta, Progress, RunInfo, StepLog, ValidationReport, format_duration
-from deepdanbooru.training.priors import log_frequency_weights, log_odds, tag_counts
+from deepdanbooru.training.checkpointing import CheckpointKeeper, latest_checkpoint_of_setup
+from deepdanbooru.training.ema import WeightAverage
+from deepdanbooru.training.freeze import BackboneFreeze
+from deepdanbooru.training.making import Priors, make_model
+from deepdanbooru.training.outputs import Outputs
+from deepdanbooru.training.reporting import RunReport
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
-from deepdanbooru.training.state import ResumeState, read_checkpoint_state
+from deepdanbooru.training.slices import SliceRunner
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import check_global_batch, describe_strategy, synchronize_batch_norm
-from deepdanbooru.training.validation import Validator, write_sidecars
-
-KEEP_CHECKPOINTS = 3
-
-
-class LossScaleState(tf.Module):
-    """The loss scale's variables under a fixed checkpoint key in both precisions.
-
-    Under float32 they are unused placeholders; keeping the key lets a run
-    switch between float32 and mixed precision (e.g. CPU to GPU) and still
-    resume: the model and inner-optimizer state are the same either way.
-    """
-
-    def __init__(self, optimizer=None):
-        super().__init__(name="loss_scale")
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            self.dynamic_scale = optimizer.dynamic_scale.value
-            self.step_counter = optimizer.step_counter.value
-        else:
-            self.dynamic_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="dynamic_scale")
-            self.step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_counter")
 
 
 def _enable_determinism(seed: int) -> None:
@@ -80,84 +55,27 @@ def _enable_determinism(seed: int) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-def _check_model_shapes(model, plan, source) -> None:
-    expected_input = (None, *plan.config.input_shape)
-    if tuple(model.input_shape) != expected_input:
-        raise ModelError(file_field(source, "input", f"model input is {tuple(model.input_shape)[1:]}, but "
-                                    f"{plan.config.config_path} asks for (height, width, 3) = "
-                                    f"{plan.config.input_shape}"))
-    output = tuple(model.output_shape)
-    if len(output) != 2 or output[1] != len(plan.tags):
-        raise ModelError(file_field(source, "output", f"model output is {output[1:]}, but {plan.paths.tags} "
-                                    f"has {len(plan.tags)} tags; give --source-tags (the tags.txt the model was "
-                                    "trained with) to map its outputs onto these tags by name"))
-
-
-class _Priors:
-    """Per-tag counts over the training records, counted once and only when a key needs them."""
-
-    def __init__(self, plan):
-        self.plan = plan
-        self._counts = None
-
-    @property
-    def counts(self) -> list[int]:
-        if self._counts is None:
-            self._counts = tag_counts(self.plan.train.tag_strings, self.plan.tags)
-        return self._counts
-
-    def log_odds(self) -> list[float]:
-        return log_odds(self.counts, len(self.plan.train))
-
-    def loss_weights(self) -> list[float] | None:
-        if self.plan.config.tag_loss_weights is None:
-            return None
-        return log_frequency_weights(self.counts, len(self.plan.train))
-
-
-def _make_model(plan, policy: str, priors: _Priors, resuming: bool, echo=print) -> keras.Model:
-    """Call inside the strategy scope: every variable must be created there."""
-    config = plan.config
-    if plan.source_model is None:
-        with global_policy(policy):
-            model = build_model(config.model, config.input_shape, len(plan.tags), seed=config.seed)
-        # A resumed run takes every weight from its checkpoint.
-        if config.backbone_weights is not None and not resuming:
-            count = load_backbone_weights(model, config.model, config.require_backbone_weights(), config.input_shape)
-            echo(f"Backbone: {count} trunk layers from {config.backbone_weights}; the head starts fresh")
-        if config.head_bias_init == "log_prior":
-            set_head_bias(model, priors.log_odds())
-        return model
-    if config.backbone_weights is not None and not resuming:
-        echo(f"notice: --source-model gives every weight; backbone_weights of {config.config_path} is not used")
-    # Loaded outside our control (maybe compiled, maybe another policy): rebuild uncompiled under ours.
-    loaded = load_model_file(plan.source_model)
-    if plan.source_tags is not None and list(plan.source_tags) != list(plan.tags):
-        loaded, summary = grow_vocabulary(loaded, plan.source_tags, plan.tags, priors.log_odds(), plan.source_model)
-        echo(f"--source-model {plan.source_model.name}: kept {summary['kept']:,} tags, {summary['new']:,} new, "
-             f"{summary['dropped']:,} dropped")
-    _check_model_shapes(loaded, plan, plan.source_model)
-    return with_policy(loaded, policy)
-
-
-def _monitor_state(monitors) -> tf.Module:
-    """The monitors' checkpoint_objects under one key, so they never collide with the trainer's own."""
-    state = tf.Module(name="monitors")
-    for monitor in monitors:
-        for name, trackable in monitor.checkpoint_objects().items():
-            if hasattr(state, name):
-                raise ValueError(f"two monitors save state under the checkpoint key {name!r}")
-            setattr(state, name, trackable)
-    return state
+def make_training_optimizer(config, model, policy: str, rate: float):
+    """(optimizer to step with, inner optimizer whose state is checkpointed), built for every variable of
+    `model` before any restore, so every slot exists and the restore fills it in place."""
+    optimizer, inner = build_optimizer(
+        # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
+        lambda: make_optimizer(config.optimizer, rate, global_clipnorm=config.gradient_clip_norm,
+                               weight_decay=config.decay, decay_exempt_variables=decay_exempt(model, config.model),
+                               rate_factors=layer_rate_factors(model, config.model, config.layer_decay,
+                                                               config.config_path)),
+        policy == MIXED)
+    optimizer.build(model.trainable_variables)
+    return optimizer, inner
 
 
 class SliceTrainer:
-    """One train-project run: the model, optimizer, checkpoint and counters, and the loop over them.
+    """One train-project run: the parts, built in the order TensorFlow needs, and the loop over them.
 
-    Built in the order TensorFlow needs: the strategy exists already (train.py
-    chose it before anything started TensorFlow's runtime), then the model and
-    optimizer are created in its scope, then the checkpoint is restored into
-    them, then the step is compiled around them.
+    The strategy exists already (train.py chose it before anything started
+    TensorFlow's runtime), then the model and optimizer are created in its
+    scope, then the checkpoint is restored into them, then the step is
+    compiled around them.
     """
 
     def __init__(self, plan, strategy, monitors, echo=print):
@@ -165,14 +83,10 @@ class SliceTrainer:
         self.strategy, self.role = strategy, plan.role
         self.monitors = list(monitors)
         self.echo = echo
-        self.train_records = plan.train
-        self.train_paths = plan.train.paths()
         self.schedule = Schedule.from_config(self.config, len(plan.train))
-        self.input_options = TrainingInput.from_config(self.config)
-        self.shards = shard_reader(plan.shards)
         # The learning rate per epoch (steps) or per minibatch (warmup_cosine).
         self.rates = LearningRateSchedule(self.config, len(plan.train))
-        self.priors = _Priors(plan)
+        priors = Priors(plan)
 
         check_global_batch(strategy, self.config.minibatch_size, self.config.config_path)
         echo(describe_strategy(strategy, self.role, self.config.minibatch_size))
@@ -181,99 +95,29 @@ class SliceTrainer:
         self.identity = RunIdentity(self.config.model, self.config.image_height, self.config.image_width,
                                     tags_hash(plan.tags), len(plan.tags))
         self.records_hash = records_hash(plan.train)
-        self.latest = self._latest_checkpoint_of_this_setup()
-        self._build_model_and_optimizer()
-        self.counters = self._restore()
+        self.latest = latest_checkpoint_of_setup(self.paths, self.identity, self.config.config_path)
+        with strategy.scope():
+            self.model = make_model(plan, self.policy, priors, bool(self.latest), echo,
+                                    write_report=self.role.is_chief)
+            self.optimizer, inner = make_training_optimizer(self.config, self.model, self.policy,
+                                                            self.rates.rate(0, 0))
+            self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
+        synchronize_batch_norm(self.model, strategy)
+        self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
+                                       self.monitors, echo)
+        self.counters = self.keeper.restore()
         self.worker_sums = self._agree_with_the_other_workers()
         self.step = TrainStep(strategy, self.model, self.optimizer,
-                              project_loss(self.config, "none", self.priors.loss_weights()),
+                              project_loss(self.config, "none", priors.loss_weights()),
                               loss_scaled=self.policy == MIXED, ema=self.ema)
         self.step.sums.step.assign(self.counters.used_minibatch)
-        # used_sample at the start of this process; the step's sums add what this process trains.
-        self._base_samples = self.counters.used_sample
-        # Validation writes reports and exports: the chief's job in a cluster.
-        self.validator = Validator(self.model, plan.validation, plan.tags, self.config, self.paths.bad_images) \
-            if len(plan.validation) and self.role.is_chief else None
+        self.freeze = BackboneFreeze(self.model, inner, self.config.freeze_backbone_epochs,
+                                     on_change=self.step.retrace, echo=echo)
         self.budget = plan.time_budget
-        self._last_log = time.monotonic()
-        self._eta = Eta(self.schedule.done_records(self.schedule.epoch_count, 0))
-        # What the latest checkpoint holds, for the interrupt message: (path, counters) or None.
-        self._saved = (self.latest, replace(self.counters)) if self.latest else None
-        self._position = self.counters.offset  # records of the current epoch handed to the model
-
-    # --- setting up ---
-
-    def _latest_checkpoint_of_this_setup(self) -> str | None:
-        latest = tf.train.latest_checkpoint(str(self.paths.checkpoints))
-        if latest:
-            _, saved = read_checkpoint_state(latest)
-            check_identity(saved, self.identity, self.paths.checkpoints, self.paths.tags, self.config.config_path)
-        return latest
-
-    def _build_model_and_optimizer(self) -> None:
-        with self.strategy.scope():
-            self.model = _make_model(self.plan, self.policy, self.priors, bool(self.latest), self.echo)
-            rate = self.rates.rate(0, 0)
-            self.optimizer, inner = build_optimizer(
-                # The inner optimizer clips, i.e. after the loss-scale optimizer has unscaled the gradients.
-                lambda: make_optimizer(self.config.optimizer, rate, global_clipnorm=self.config.gradient_clip_norm,
-                                       weight_decay=self.config.decay,
-                                       decay_exempt_variables=decay_exempt(self.model, self.config.model),
-                                       rate_factors=layer_rate_factors(self.model, self.config.model,
-                                                                       self.config.layer_decay,
-                                                                       self.config.config_path)),
-                self.policy == MIXED)
-            # Built before any restore, so every slot exists and the restore fills it in place.
-            self.optimizer.build(self.model.trainable_variables)
-            self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
-        synchronize_batch_norm(self.model, self.strategy)
-        self.state = ResumeState()
-        self._core = dict(model=self.model, optimizer=inner, state=self.state,
-                          loss_scale=LossScaleState(self.optimizer))
-        if self.ema is not None:
-            self._core["ema"] = self.ema.state
-        self.checkpoint = tf.train.Checkpoint(**self._core, monitors=_monitor_state(self.monitors))
-        # Only the chief writes checkpoints; a worker's manager only counts them.
-        self.manager = checkpoint_manager(self.checkpoint, self.paths.checkpoints, self.role, self.latest,
-                                          self.model.variables + self.optimizer.variables, KEEP_CHECKPOINTS)
-
-    def _restore(self) -> Counters:
-        if not self.latest:
-            return Counters()
-        core = self._core
-        saved_average = checkpoint_has_average(self.latest)
-        fresh_average = self.ema is not None and not saved_average
-        if fresh_average:
-            # Written before ema_decay was set: the rest must match; the average then starts at those weights.
-            core = {key: value for key, value in core.items() if key != "ema"}
-        try:
-            status = self.checkpoint.restore(self.latest)
-            if saved_average and self.ema is None:
-                status.expect_partial()  # ema_decay turned off: the saved average is left unread, without a warning
-            if not self.role.is_chief:
-                status.expect_partial()  # a worker has no monitors: their saved state is the chief's alone
-            try:
-                status.assert_existing_objects_matched()
-            except AssertionError:
-                # Monitor state (e.g. the best-so-far value) may predate this checkpoint; only the core must match.
-                tf.train.Checkpoint(**core).read(self.latest).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as error:
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-            raise TrainingError(file_field(
-                self.latest, None,
-                f"does not fit the model being trained ({reason}); resume with the same model "
-                f"(and --source-model) it was saved with, or delete {self.paths.checkpoints} to start fresh"
-            )) from None
-        if fresh_average:
-            self.ema.reset()
-            self.echo(f"notice: {self.latest} holds no weight average; ema_decay starts it at the restored weights")
-        counters = self.state.counters()
-        saved_records = self.state.records_hash.numpy().decode()
-        if saved_records and saved_records != self.records_hash and counters.offset:
-            self.echo(f"notice: the training records changed since {self.latest}; the current epoch "
-                      f"continues at offset {counters.offset} of the new order, so some records of this "
-                      "epoch may be seen twice or not at all")
-        return counters
+        self.report = RunReport(plan, self.schedule, self.rates, self.counters, self.step.sums, self.monitors)
+        self.outputs = Outputs(plan, self.model, self.ema, self.monitors)
+        self.slices = SliceRunner(plan, strategy, self.worker_sums, self.step, self.optimizer, self.rates,
+                                  self.counters, self.report, self.monitors, self._check_finite)
 
     def _agree_with_the_other_workers(self) -> WorkerSums | None:
         if not self.role.in_cluster:
@@ -283,104 +127,67 @@ class SliceTrainer:
             self.config, self.identity, self.records_hash, self.counters, self.latest))
         return sums
 
-    # --- the loop ---
-
     def run(self) -> Counters:
         try:
             return self._run()
         except KeyboardInterrupt:
-            raise Interrupted(self._interrupt_message()) from None
+            raise Interrupted(self.report.interrupt_message(self.keeper.saved)) from None
         finally:
             for monitor in self.monitors:
                 monitor.close()
 
     def _run(self) -> Counters:
-        c, schedule = self.counters, self.schedule
+        c, schedule, report = self.counters, self.schedule, self.report
         for monitor in self.monitors:
-            monitor.on_train_begin(self._run_info())
+            monitor.on_train_begin(report.run_info(self.model, self.policy, self.latest))
         if schedule.trained_out(c.used_epoch, c.offset):
             self.echo(f"Training already complete ({schedule.epoch_count} of {schedule.epoch_count} epochs); "
                       f"writing the exports again. Raise epoch_count in {self.config.config_path} to train further")
         while c.used_epoch < schedule.epoch_count:
             order = schedule.order(c.random_seed)
             self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)
-            self._freeze_backbone(c.used_epoch)
+            self.freeze.at_epoch(c.used_epoch, c.offset)
             while c.offset < schedule.train_records:
                 if not self._another_slice_fits():
                     return self._stop_for_time_limit()
                 started = time.monotonic()
                 stop = schedule.slice_stop(c.offset)
-                bad = self._train_slice(order, c.offset, stop)
-                self._count_bad_images(bad, stop)
-                c.used_sample = self._samples_trained()
+                self.slices.train(order, c.offset, stop)
+                c.used_sample = report.samples_trained()
                 c.offset = stop
                 # Before the checkpoint, so what validation changes (best-so-far value, history) is saved with it.
                 trigger = schedule.validation_after(stop)
-                if trigger and self.validator is not None:
-                    self._validate(trigger)
+                if trigger:
+                    self.outputs.validate(report.progress(), trigger)
                 self._checkpoint()
                 if self.budget is not None:
                     self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
-        self._export(self.paths.final_export(self.config.model), "final")
+        self.outputs.export(self.paths.final_export(self.config.model), "final", report.progress())
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
         # records the counters after the epoch end, for preflight to say that training is complete.
-        if self.manager.latest_checkpoint:
-            self._write_mirror(self.manager.latest_checkpoint, complete=True)
+        if self.keeper.latest_checkpoint:
+            self.keeper.write_mirror(self.keeper.latest_checkpoint, c, complete=True)
         for monitor in self.monitors:
-            monitor.on_train_end(self._progress())
+            monitor.on_train_end(report.progress())
         return c
 
-    def _train_slice(self, order: np.ndarray, start: int, stop: int) -> int:
-        """Train on epoch positions start..stop-1; returns how many of them were bad images."""
-        c = self.counters
-        epoch = Epoch(self.train_paths, self.train_records.tag_strings, self.plan.tags, order, c.used_epoch + 1,
-                      c.random_seed, self.paths.bad_images, self.shards)
-        source = slice_input(self.strategy, self.role, self.worker_sums, epoch, self.input_options, start, stop)
-        self.step.bind(source.dataset.element_spec)
-        steps = 0
-        for batch in source.dataset:
-            if self.rates.per_minibatch:
-                self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)
-            self.step(batch)
-            steps += 1
-            c.used_minibatch += 1
-            source.observe(self.strategy.experimental_local_results(batch["position"]))
-            position = self._position = min(start + steps * self.config.minibatch_size, stop)
-            for monitor in self.monitors:
-                monitor.on_step(self._progress(), position)
-            if c.used_minibatch % self.config.console_logging_frequency_mb == 0:
-                self._log(position)
-        bad = source.finish()
-        self._check_finite()
-        if steps == 0:
-            raise TrainingError(file_field(
-                self.paths.bad_images, None,
-                f"no usable batch in records {start}..{stop - 1} of epoch {c.used_epoch + 1}: "
-                f"all {stop - start} images failed to load (they are listed in this file)"))
-        return bad
-
-    def _count_bad_images(self, bad: int, stop: int) -> None:
-        c = self.counters
-        c.epoch_bad_images += bad
-        if c.epoch_bad_images > self.config.max_bad_image_fraction * stop:
-            raise TrainingError(file_field(
-                self.paths.bad_images, None,
-                f"{c.epoch_bad_images} of {stop} images in epoch {c.used_epoch + 1} failed to load, more than "
-                f"max_bad_image_fraction {self.config.max_bad_image_fraction} of {self.config.config_path}; "
-                "fix or remove the images listed in this file, or raise the limit"))
-
     def _checkpoint(self) -> None:
+        progress = self.report.progress()
         logs: dict = {"learning_rate": float(self.optimizer.learning_rate.numpy())}
         for monitor in self.monitors:
-            monitor.before_checkpoint(self._progress(), logs)
+            monitor.before_checkpoint(progress, logs)
         saving = time.monotonic()
-        path = self._save_checkpoint()
+        path = self.save_checkpoint()
         logs["checkpoint_seconds"] = time.monotonic() - saving
         if self.budget is not None:
             self.budget.checkpoint_took(logs["checkpoint_seconds"])
         for monitor in self.monitors:
-            monitor.on_slice_end(self._progress(), path, logs)
+            monitor.on_slice_end(progress, path, logs)
+
+    def save_checkpoint(self) -> str:
+        self._check_finite()
+        return self.keeper.save(self.counters)
 
     def _another_slice_fits(self) -> bool:
         """--time-limit: whether the next slice and the exports after it end in time (every worker agreeing)."""
@@ -394,183 +201,41 @@ class SliceTrainer:
 
     def _stop_for_time_limit(self) -> Counters:
         """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
-        c = self.counters
-        export = self.paths.final_export(self.config.model)
-        self._export(export, "time limit")
-        budget = self.budget
-        notice = budget.too_small_notice(self.config.config_path) if budget is not None else None
+        export = self.paths.stopped_export(self.config.model)
+        self.outputs.export(export, "time limit", self.report.progress())
+        for monitor in self.monitors:
+            monitor.on_train_stopped(self.report.progress())
+        notice = self.budget.too_small_notice(self.config.config_path) if self.budget is not None else None
         if notice:
             self.echo(notice)
-        limit = f" --time-limit {budget.text}" if budget is not None else ""
-        elapsed = f" after {format_duration(budget.elapsed())}" if budget is not None else ""
-        schedule, again = self.schedule, f"deepdanbooru train-project {shlex.quote(str(self.paths.root))}{limit}"
-        self.echo(f"Stopped for the time limit{elapsed} at epoch {c.used_epoch + 1}/{schedule.epoch_count}, "
-                  f"record {c.offset}/{schedule.train_records}, step {c.used_minibatch}: "
-                  f"{self.manager.latest_checkpoint} and {export.name} are written. To continue from there, "
-                  f"run train-project again, e.g. {again}")
-        return c
+        self.echo(self.report.time_limit_message(self.keeper.latest_checkpoint, export))
+        return self.counters
 
     def _end_epoch(self) -> None:
         c = self.counters
         c.used_epoch += 1
         c.random_seed += 1
         c.offset = 0
-        self._position = 0
+        self.report.position = 0
         c.epoch_bad_images = 0
         logs: dict = {}
         for monitor in self.monitors:
-            monitor.on_epoch_end(self._progress(), logs)
+            monitor.on_epoch_end(self.report.progress(), logs)
         if self.schedule.export_due(c.used_epoch):
-            self._export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch")
-
-    def _freeze_backbone(self, used_epoch: int) -> None:
-        """A function of used_epoch alone, so a resumed run freezes exactly where the first one did.
-
-        The optimizer was built with every variable: its slots and the checkpoint stay the same
-        whether the trunk is frozen or not.
-        """
-        last = self.config.freeze_backbone_epochs
-        frozen = used_epoch < last
-        if set_backbone_trainable(self.model, not frozen):
-            # The compiled step captured the trainable variables and batch-norm modes: trace again.
-            self.step.retrace()
-            self.echo(f"Backbone frozen for epochs 1 to {last}: only the head trains" if frozen
-                      else f"Backbone unfrozen from epoch {used_epoch + 1}: every layer trains")
-
-    # --- checkpoints, exports, safety ---
+            self.outputs.export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch",
+                                self.report.progress())
 
     def _check_finite(self) -> None:
         step = self.step.sums.first_bad()
         if step is None:
             return
-        last = self.manager.latest_checkpoint
+        last = self.keeper.latest_checkpoint
         kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint was written"
         raise TrainingError(file_field(
             self.config.config_path, "learning_rate",
             f"non-finite loss at step {step} (epoch {self.counters.used_epoch + 1}); training stopped and "
-            f"{kept}. Lower the learning rate (now {self._rate()}"
+            f"{kept}. Lower the learning rate (now {self.report.rate()}"
             ") or set gradient_clip_norm, then run train-project again"))
-
-    def _save_checkpoint(self) -> str:
-        self._check_finite()
-        self.state.assign(self.counters, self.identity, self.records_hash)
-        path = self.manager.save()
-        self._saved = (path, replace(self.counters))
-        # Only after TensorFlow has renamed the finished checkpoint into place.
-        self._write_mirror(path, complete=False)
-        return path
-
-    def _write_mirror(self, checkpoint: str, complete: bool) -> None:
-        if not self.role.is_chief:
-            return
-        write_state_json(self.paths.checkpoints, checkpoint, self.counters, self.identity, complete=complete,
-                         epoch_count=self.config.epoch_count, train_records=self.schedule.train_records,
-                         records_hash=self.records_hash)
-
-    def _export(self, path: Path, kind: str) -> None:
-        if not self.role.is_chief:
-            return  # exports read the mirrored weights without collectives: the chief alone writes them
-        started = time.monotonic()
-        copy = self.paths.float32_copy(path) if self.config.mixed_precision else None
-        # An export is a whole trainable model, also one written while the trunk is frozen.
-        refreeze = set_backbone_trainable(self.model, True)
-        try:
-            with self._averaged():
-                written = export_model(self.model, path, float32_copy=copy)
-                if self.validator is not None:
-                    report = self.validator.for_step(self.counters.used_minibatch) or self._validate("export")
-                    write_sidecars(path, self.plan.tags, report)
-        finally:
-            if refreeze:
-                set_backbone_trainable(self.model, False)
-        if self.budget is not None:
-            self.budget.export_took(time.monotonic() - started)
-        for monitor in self.monitors:
-            monitor.on_export(written[0], kind)
-            if copy is not None:
-                monitor.on_export(written[1], "float32")
-
-    def _validate(self, trigger: str) -> ValidationReport:
-        # The best-model monitor exports from on_validation: it must see the weights that were measured.
-        with self._averaged():
-            report = self.validator.run(self._progress(), trigger)
-            if self.budget is not None:
-                self.budget.validation_took(report.seconds)
-            logs: dict = {}
-            for monitor in self.monitors:
-                monitor.on_validation(report, logs)
-        return report
-
-    def _averaged(self):
-        """The weights validation and exports use: the moving average with ema_decay, else the trained ones."""
-        return self.ema.swapped() if self.ema is not None else contextlib.nullcontext()
-
-    # --- reporting ---
-
-    def _samples_trained(self) -> int:
-        """used_sample now: what earlier processes trained plus what this one's step has counted."""
-        return self._base_samples + int(self.step.sums.total_samples.numpy())
-
-    def _progress(self) -> Progress:
-        c = self.counters
-        return Progress(c.used_epoch, c.used_minibatch, c.used_sample, c.offset, c.random_seed,
-                        self.schedule.epoch_count, self.schedule.train_records)
-
-    def _done_records(self, position: int | None = None) -> int:
-        c = self.counters
-        return self.schedule.done_records(c.used_epoch, c.offset if position is None else position)
-
-    def _log(self, position: int) -> None:
-        self._check_finite()
-        window = self.step.sums.read_window()
-        now = time.monotonic()
-        samples = window["samples"]
-        elapsed = max(now - self._last_log, 1e-9)
-        self._last_log = now
-        tp, fp, fn = window["true_positives"], window["false_positives"], window["false_negatives"]
-        precision = tp / (tp + fp) if tp + fp else 0.0
-        recall = tp / (tp + fn) if tp + fn else 0.0
-        f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-        eta = self._eta.update(now, self._done_records(position))
-        progress = replace(self._progress(), used_sample=self._samples_trained())
-        log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
-                      precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,
-                      eta_seconds=eta, fraction=progress.fraction(position),
-                      learning_rate=self._rate())
-        for monitor in self.monitors:
-            monitor.on_step_log(log)
-
-    def _rate(self) -> float:
-        """The rate the last step used (warmup_cosine sets it before each step, from the count before it)."""
-        c = self.counters
-        last = c.used_minibatch - 1 if self.rates.per_minibatch and c.used_minibatch else c.used_minibatch
-        return self.rates.rate(c.used_epoch, last)
-
-    def _interrupt_message(self) -> str:
-        """Where the run stands, what its last checkpoint holds and that the same command resumes."""
-        c, epochs, n = self.counters, self.schedule.epoch_count, self.schedule.train_records
-        stands = (f"stopped in epoch {min(c.used_epoch + 1, epochs)} of {epochs} at record {self._position} of "
-                  f"{n} (step {c.used_minibatch})")
-        if self._saved is None:
-            return f"{stands}; no checkpoint was written yet, so running the same command starts fresh"
-        path, saved = self._saved
-        return (f"{stands}; the last checkpoint {path} holds {describe_resume_point(vars(saved), n, epochs)}; "
-                "running the same command resumes from it")
-
-    def _run_info(self) -> RunInfo:
-        schedule = self.schedule
-        return RunInfo(
-            project=self.paths.root, model_name=self.config.model, input_shape=self.config.input_shape,
-            batch_size=self.config.minibatch_size, epoch_count=schedule.epoch_count,
-            train_records=schedule.train_records, validation_records=len(self.plan.validation),
-            slice_records=schedule.slice_records, slices_per_epoch=schedule.slices_per_epoch, policy=self.policy,
-            resumed_from=self.latest, start=self._progress(),
-            source_model=str(self.plan.source_model) if self.plan.source_model else None,
-            validation_fraction=self.config.validation_fraction,
-            validation_frequency_slices=schedule.validation_every,
-            best_model_metric=self.config.best_model_metric, config_path=self.config.config_path,
-            trust_warning=self.plan.trust_warning if self.role.is_chief else None,
-            model=self.model)
 
 
 def train(plan, strategy, monitors, echo=print) -> Counters:

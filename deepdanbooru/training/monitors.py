@@ -144,6 +144,9 @@ class Monitor:
     def on_train_end(self, progress: Progress) -> None:
         pass
 
+    def on_train_stopped(self, progress: Progress) -> None:
+        """A --time-limit stop: the run ends before its last epoch, resumable from its last checkpoint."""
+
     def close(self) -> None:
         """Always called last, also when training stops with an error: release files and writers."""
 
@@ -242,6 +245,13 @@ class ConsoleMonitor(Monitor):
             self.echo(f"warning: {self._trust_warning}")
         self.echo(f"Training complete: {progress.used_epoch} epoch(s), {progress.used_minibatch} steps, "
                   f"{progress.used_sample} samples")
+        self._final_validation()
+
+    def on_train_stopped(self, progress):
+        # The same line as at the end of a finished run: scripts read the latest figures from one place.
+        self._final_validation()
+
+    def _final_validation(self):
         if self._last_validation is not None:
             self.echo(final_validation_line(self._last_validation))
 

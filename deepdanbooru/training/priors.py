@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 # Counted in project.tags; imported here because the trainer reads every prior from this module.
-from deepdanbooru.project.tags import tag_counts  # noqa: F401
 
 
 def log_odds(counts, records: int) -> list[float]:

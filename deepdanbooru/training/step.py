@@ -122,9 +122,9 @@ class TrainStep:
     def _step(self, batch):
         per_replica = self.strategy.run(self._replica_step, args=(batch["image"], batch["label"]))
         loss_sum, samples, tp, fp, fn = (self.strategy.reduce(_SUM, value, axis=None) for value in per_replica)
-        if self.ema is not None:
-            self.ema.update()
         c = self.sums
+        if self.ema is not None:
+            self.ema.update(c.step)
         c.step.assign_add(1)
         # Recorded, not raised: raising would need a host sync every step.
         bad = tf.logical_and(tf.logical_not(tf.math.is_finite(loss_sum)), c.first_bad_step < 0)

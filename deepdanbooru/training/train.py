@@ -16,6 +16,7 @@ from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.dataset.trust import split_stats, trust_warning
 from deepdanbooru.errors import ConfigError, ModelError, TrainingError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
+from deepdanbooru.models.vocabulary import read_model_tags
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.shards import ShardIndex, open_shards
@@ -47,10 +48,14 @@ class TrainingPlan:
 
 
 def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
-    """--source-tags FILE; else the `<stem>.thresholds.csv` that training writes beside each export; else the
+    """--source-tags FILE; else the tags the model file records (every export of ours records them);
+    else the `<stem>.thresholds.csv` that training writes beside an export when validation is on; else the
     `<stem>.tags.txt` import-model writes; else None."""
     if source_tags is not None:
         return tuple(load_tags(source_tags))
+    recorded = read_model_tags(source_model)
+    if recorded is not None:
+        return recorded
     stem = source_model.stem.removesuffix(".float32")
     sidecar = source_model.with_name(stem + ".thresholds.csv")
     if not sidecar.is_file():

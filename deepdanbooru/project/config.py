@@ -348,7 +348,8 @@ KEYS: tuple[Key, ...] = (
         ">= 0, <= learning_rate", spec=False),
     Key("ema_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True),
         "keep an exponential moving average of the weights (decay per minibatch) in the checkpoint; validation "
-        "and exports use it (null: off)", "float or null", "0 < d < 1", spec=False),
+        "and exports use it; the decay warms up as min(d, (1+n)/(10+n)) after n steps so early weights do not "
+        "linger (null: off)", "float or null", "0 < d < 1", spec=False),
     Key("head_bias_init", "zeros", _choice(HEAD_BIAS_INITS),
         "from scratch, the output bias of each tag: zeros, or log_prior (the log-odds of its frequency in the "
         "training records; models whose head has a bias)", "str", ", ".join(HEAD_BIAS_INITS), spec=False),

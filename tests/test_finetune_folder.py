@@ -103,7 +103,7 @@ def test_wrong_size_and_bad_folder_are_one_line_and_leave_the_project_alone(fold
     message = _one_line_error("train-project", project, "--source-model", folder)
     assert message == (f"error: {project / 'project.json'}: image_width/image_height: 48x32, but --source-model "
                        f"{folder} takes 32x32 (pretrained_cfg.input_size of its config.json); set image_width 32 "
-                       "and image_height 32")
+                       "and image_height 32 (or set resample_positions true to resample the ViT's position table)")
     set_config(project, image_width=32)
     (folder / "model.safetensors").unlink()
     message = _one_line_error("train-project", project, "--source-model", folder)
@@ -111,7 +111,28 @@ def test_wrong_size_and_bad_folder_are_one_line_and_leave_the_project_alone(fold
     assert sorted(p.name for p in project.iterdir()) == before
 
 
-@pytest.mark.slow
+def test_resample_positions_starts_a_vit_at_another_size(folder, project):
+    import keras
+
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+    from deepdanbooru.training.making import Priors, make_model
+    from deepdanbooru.training.train import plan_training
+
+    set_config(project, image_width=48, image_height=64, resample_positions=True)
+    plan = plan_training(project, folder)
+    lines = []
+    model = make_model(plan, "float32", Priors(plan), resuming=False, echo=lines.append)
+    assert model.input_shape == (None, 64, 48, 3)
+    assert "--source-model wd-tagger: position table resampled from 32x32 to 48x64 (resample_positions)" in lines
+    table = model.get_layer("vit_position_embedding").get_weights()[0].reshape(-1, 32)
+    original = import_checkpoint(folder).model.get_layer("vit_position_embedding").get_weights()[0].reshape(-1, 32)
+    # 8x8 patches: a 4x4 grid of 32 features (no class token in this fixture) onto 8x6.
+    assert original.shape == (16, 32) and table.shape == (48, 32)
+    assert np.isclose(table.mean(), original.mean(), atol=0.05) and not np.allclose(table[:16], original)
+    scores = keras.ops.convert_to_numpy(model(np.zeros((1, 64, 48, 3), np.float32)))
+    assert scores.shape == (1, len(plan.tags)) and np.isfinite(scores).all()
+
+
 def test_fine_tune_from_the_folder_trains_and_exports_its_tags(folder, project):
     from deepdanbooru.models.vocabulary import read_model_tags
 

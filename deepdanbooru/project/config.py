@@ -373,6 +373,10 @@ KEYS: tuple[Key, ...] = (
     Key("freeze_backbone_epochs", 0, _int(0),
         "train only the head (trunk frozen, its batch norm on moving statistics) for the first N epochs",
         "int", ">= 0", spec=False),
+    Key("resample_positions", False, _bool,
+        "with a ViT timm checkpoint folder as --source-model whose input size is not image_width x image_height: "
+        "resample its position table bicubically to the project's token grid (false: refuse the size)",
+        "bool", "true, false", spec=False),
     Key("padding", "border", _choice(PADDING_MODES),
         "what surrounds a picture that is not of the model's proportions, and what rotations and shifts uncover, "
         "in training, validation and evaluate: border (repeat the edge pixels) or white (as the WD tagger "
@@ -451,6 +455,7 @@ class ProjectConfig:
     mixup: float | None
     backbone_weights: Path | None
     freeze_backbone_epochs: int
+    resample_positions: bool
     padding: str
     alpha: str
     data_service: str | None

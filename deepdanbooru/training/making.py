@@ -84,9 +84,14 @@ def _start(plan, policy, priors, resuming, echo, write_report) -> keras.Model:
     if plan.source is not None and plan.source.folder:
         from deepdanbooru.models.timm.checkpoint import import_checkpoint
 
-        imported = import_checkpoint(plan.source_model)
+        size = (config.image_height, config.image_width)
+        imported = import_checkpoint(plan.source_model, input_size=size if config.resample_positions else None)
         echo(f"--source-model {plan.source_model.name}: {imported.source.architecture}; channel order the "
              f"weights expect: {imported.channel_order_reason}")
+        if imported.source.input_size != size:
+            height, width = imported.source.input_size
+            echo(f"--source-model {plan.source_model.name}: position table resampled from {width}x{height} to "
+                 f"{size[1]}x{size[0]} (resample_positions)")
         loaded = imported.model
     else:
         # Loaded outside our control (maybe compiled, maybe another policy): rebuilt uncompiled under ours.

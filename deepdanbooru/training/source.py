@@ -29,6 +29,12 @@ class SourceModel:
     categories: tuple[int, ...] | None  # Danbooru category id per output, when the source records them
     input_size: tuple[int, int] | None = None  # (height, width), known before building for a folder
     folder: bool = False  # a timm checkpoint folder, imported when the model is made
+    architecture: str | None = None  # a folder's timm architecture
+
+    @property
+    def resamplable(self) -> bool:
+        """A ViT's position table can be resampled to another token grid; nothing else here resizes."""
+        return self.folder and self.architecture.startswith("vit_")
 
 
 def read_source_model(path, source_tags=None) -> SourceModel:
@@ -43,7 +49,8 @@ def read_source_model(path, source_tags=None) -> SourceModel:
         source = read_source(path)
         tags = tuple(load_tags(source_tags)) if source_tags is not None else class_names(source)
         categories = source.categories if source_tags is None else None
-        return SourceModel(path, _spelled(tags, categories), categories, source.input_size, folder=True)
+        return SourceModel(path, _spelled(tags, categories), categories, source.input_size, folder=True,
+                           architecture=source.architecture)
     if not path.is_file():
         raise ModelError(file_field(path, None, "--source-model file not found"))
     tags = source_model_tags(path, source_tags)
@@ -96,13 +103,23 @@ def in_project_spelling(source_tags, tags) -> tuple[str, ...]:
 
 
 def check_input_size(source: SourceModel, config) -> None:
-    """A folder's input size is the checkpoint's: project.json must ask for it."""
+    """A folder's input size is the checkpoint's: project.json must ask for it, or for a ViT say
+    resample_positions."""
     if source.input_size is None or source.input_size == (config.image_height, config.image_width):
         return
+    if config.resample_positions and source.resamplable:
+        return
     height, width = source.input_size
+    if source.resamplable:
+        hint = " (or set resample_positions true to resample the ViT's position table)"
+    elif config.resample_positions:
+        hint = f" (resample_positions is for ViT checkpoints; {source.architecture} is not one)"
+    else:
+        hint = ""
     raise ConfigError(file_field(config.config_path, "image_width/image_height", (
         f"{config.image_width}x{config.image_height}, but --source-model {source.path} takes {width}x{height} "
-        f"(pretrained_cfg.input_size of its config.json); set image_width {width} and image_height {height}")))
+        f"(pretrained_cfg.input_size of its config.json); set image_width {width} and image_height "
+        f"{height}{hint}")))
 
 
 def carry_categories(plan, echo=print, write: bool = True) -> None:

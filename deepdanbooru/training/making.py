@@ -134,9 +134,10 @@ def vocabulary_report(source_tags, tags, source) -> str:
 def _check_model_shapes(model, plan, source) -> None:
     expected_input = (None, *plan.config.input_shape)
     if tuple(model.input_shape) != expected_input:
+        height, width = tuple(model.input_shape)[1:3]
         raise ModelError(file_field(source, "input", f"model input is {tuple(model.input_shape)[1:]}, but "
                                     f"{plan.config.config_path} asks for (height, width, 3) = "
-                                    f"{plan.config.input_shape}"))
+                                    f"{plan.config.input_shape}; set image_width {width} and image_height {height}"))
     output = tuple(model.output_shape)
     if len(output) != 2 or output[1] != len(plan.tags):
         raise ModelError(file_field(source, "output", f"model output is {output[1:]}, but {plan.paths.tags} "

@@ -122,7 +122,7 @@ def input_size(opts: ViTOptions, pretrained_size, path=None) -> tuple[int, int]:
 
 def resized(opts: ViTOptions, tensors: dict, size, path=None) -> tuple[ViTOptions, dict]:
     """(options, tensors) for input `size`: the position table's patch rows resampled bicubically onto the new
-    token grid, as timm does when it loads a checkpoint at another img_size; prefix-token rows are kept."""
+    token grid (a position is where it was, relative to the picture); prefix-token rows are kept."""
     size = tuple(size)
     if size[0] % opts.patch or size[1] % opts.patch:
         raise ModelError(file_field(path, "model_args.patch_size", f"{opts.patch} does not divide the input "

@@ -79,8 +79,8 @@ def _start(plan, policy, priors, resuming, echo, write_report) -> keras.Model:
         return model
     if config.backbone_weights is not None and not resuming:
         echo(f"notice: --source-model gives every weight; backbone_weights of {config.config_path} is not used")
-    if plan.source is not None:
-        carry_categories(plan, echo, write_report)
+    if plan.source is not None and write_report:
+        carry_categories(plan, echo)
     if plan.source is not None and plan.source.folder:
         from deepdanbooru.models.timm.checkpoint import import_checkpoint
 

@@ -122,10 +122,10 @@ def check_input_size(source: SourceModel, config) -> None:
         f"{height}{hint}")))
 
 
-def carry_categories(plan, echo=print, write: bool = True) -> None:
+def carry_categories(plan, echo=print) -> None:
     """The source's categories for the tags.txt tags it shares, as the project's categories.json, so
-    validation and export-bundle know ratings, general and character tags. An existing categories.json
-    is the user's and is never replaced: a disagreement is only reported."""
+    validation and export-bundle know ratings, general and character tags (the chief calls it). An
+    existing categories.json is the user's and is never replaced: a disagreement is only reported."""
     source = plan.source
     if source is None or source.categories is None:
         return
@@ -143,10 +143,9 @@ def carry_categories(plan, echo=print, write: bool = True) -> None:
     # categories.json gives every tag one; a tag the source does not know is a general tag, as without the file.
     ids = [cat.RATING if tag.startswith(cat.RATING_PREFIX) else cat.GENERAL if category is None else category
            for tag, category in zip(plan.tags, carried)]
-    if write:
-        from deepdanbooru.fileio import write_text_atomic
-        from deepdanbooru.models.timm.source import categories_json
+    from deepdanbooru.fileio import write_text_atomic
+    from deepdanbooru.models.timm.source import categories_json
 
-        write_text_atomic(path, json.dumps(categories_json(ids), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(categories_json(ids), indent=2) + "\n")
     echo(f"Categories: {path} written from --source-model {source.path.name} ({len(ids) - new:,} tags as the "
          f"source has them, {new:,} it does not know as general)")

@@ -23,8 +23,7 @@ from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
 from deepdanbooru.training.budget import TimeBudget
-from deepdanbooru.training.source import (  # noqa: F401 (source_model_tags: its old home)
-    SourceModel, check_input_size, read_source_model, source_model_tags)
+from deepdanbooru.training.source import SourceModel, check_input_size, read_source_model
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,8 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     stats = split_stats(itertools.chain(((False, t) for t in train.tag_strings),
                                         ((True, t) for t in validation.tag_strings)), tags)
     return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, source,
-                        force_mixed_precision, device_choice, role, split_note=split_note, time_budget=budget, shards=shards,
+                        force_mixed_precision, device_choice, role, split_note=split_note, time_budget=budget,
+                        shards=shards,
                         trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
 
 

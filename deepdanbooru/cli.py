@@ -86,9 +86,9 @@ def create_project(project_path, overwrite, recipe, database):
 
 @main.command("train-project")
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
-@click.option("--source-model", type=click.Path(dir_okay=False, path_type=str),
-              help="Start from this .keras/.h5 model's structure and weights; a checkpoint, if any, is "
-                   "restored on top.")
+@click.option("--source-model", type=click.Path(path_type=str),
+              help="Start from this .keras/.h5 model's structure and weights, or a timm checkpoint folder's "
+                   "(a WD v3 tagger); a checkpoint, if any, is restored on top.")
 @click.option("--source-tags", type=click.Path(dir_okay=False, path_type=str),
               help="The tags.txt the --source-model was trained with (ours read it from the model's "
                    "thresholds.csv); its head is then mapped onto this project's tags by name.")

@@ -349,13 +349,25 @@ def test_corrupt_image_is_reported_and_skipped_with_exit_code_1(project, images,
     assert errors[2] == "2 of 5 images could not be read and were skipped"
 
 
+def test_model_path_alone_uses_the_tags_recorded_inside(images, colour_model_file, tmp_path):
+    from deepdanbooru.models.vocabulary import write_model_tags
+
+    recorded = tmp_path / "recorded.keras"
+    recorded.write_bytes(colour_model_file.read_bytes())
+    write_model_tags(recorded, ["crimson", "lime", "navy"])
+    result = run_cli("evaluate", images["red"], "--model-path", recorded)
+    assert result.exit_code == 0, result.output
+    assert "(1.000) crimson" in result.stdout and "red" not in result.stdout.replace(str(images["red"]), "")
+
+
 def test_model_from_files_and_source_errors(project, images, colour_model_file, tmp_path):
     tags = project / "tags.txt"
     result = run_cli("evaluate", images["red"], "--model-path", colour_model_file, "--tags-path", tags)
     assert result.exit_code == 0 and "(1.000) red" in result.stdout
     result = run_cli("evaluate", images["red"], "--model-path", colour_model_file)
     assert result.exit_code == 2
-    assert result.stderr == "error: --model-path needs --tags-path (the tags.txt the model was trained with)\n"
+    assert result.stderr == ("error: --model-path needs --tags-path (the tags.txt the model was trained with); "
+                             f"{colour_model_file} records no tags and has no .tags.txt beside it\n")
     result = run_cli("evaluate", images["red"])
     assert result.exit_code == 2 and "give --project-path, or --model-path with --tags-path" in result.stderr
     two_tags = tmp_path / "two.txt"

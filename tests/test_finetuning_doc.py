@@ -51,12 +51,14 @@ def test_every_command_of_the_page_runs(tmp_path, monkeypatch):
     commands, values = page_blocks()
     assert commands[0] == DOWNLOAD and not any(c.startswith("huggingface-cli") for c in commands[1:])
     assert [shlex.split(c)[1] for c in commands[1:]] == [
-        "import-model", "evaluate", "create-project", "import-images", "make-tags", "train-project", "export-bundle"]
+        "import-model", "evaluate", "create-project", "import-images", "make-tags", "train-project", "train-project",
+        "export-bundle"]
     monkeypatch.chdir(tmp_path)
     shutil.copytree(FIXTURE, tmp_path / "wd-vit-tagger-v3")
     write_pictures(tmp_path / "my-pictures")
     size = json.loads((FIXTURE / "config.json").read_text())["pretrained_cfg"]["input_size"][1]
     outputs = {}
+    untrained = tmp_path / "untrained"
     for command in commands[1:]:
         args = shlex.split(command)
         if args[1] == "make-tags":
@@ -64,13 +66,28 @@ def test_every_command_of_the_page_runs(tmp_path, monkeypatch):
             config = json.loads(config_path.read_text())
             config.update(values, **FAST, image_width=size, image_height=size)
             config_path.write_text(json.dumps(config))
+        if args[1] == "train-project":
+            # Each route of step 5 starts the project afresh.
+            if untrained.exists():
+                shutil.rmtree(tmp_path / "my-tagger")
+                shutil.copytree(untrained, tmp_path / "my-tagger")
+            else:
+                shutil.copytree(tmp_path / "my-tagger", untrained)
         result = CliRunner().invoke(main, args[1:])
         assert result.exit_code == 0, f"{command}\n{result.output}"
-        outputs[args[1]] = result.output
+        outputs[args[4] if args[1] == "train-project" else args[1]] = result.output
     assert "Channel order the weights expect: bgr" in outputs["import-model"]
     assert "Tags of my-pictures/0001.png" in outputs["evaluate"]
-    assert re.search(r"--source-model wd-vit-tagger-v3.keras: kept 2 tags, \d+ new, 5 dropped",
-                     outputs["train-project"])
+    for source in ("wd-vit-tagger-v3", "wd-vit-tagger-v3.keras"):
+        assert re.search(rf"--source-model {re.escape(source)}: kept 2 tags, 2 new, 5 dropped \(listed in "
+                         r"my-tagger/logs/vocabulary.txt\)", outputs[source])
+        assert "Categories: my-tagger/categories.json written" in outputs[source]
+    assert "channel order the weights expect: bgr" in outputs["wd-vit-tagger-v3"]
+    report = (tmp_path / "my-tagger" / "logs" / "vocabulary.txt").read_text().splitlines()
+    # WD's rating rows under the project's names for rating tags.
+    assert sorted(report[1:5]) == ["kept\t1girl", "kept\tsolo", "new\tred_hair", "new\tsmile"]
+    assert report[5:] == ["dropped\trating:general", "dropped\trating:sensitive", "dropped\trating:questionable",
+                          "dropped\trating:explicit", "dropped\thatsune_miku"]
     assert (tmp_path / "my-bundle" / "model.onnx").is_file()
     rows = (tmp_path / "my-bundle" / "selected_tags.csv").read_text().splitlines()
     assert rows[0] == "tag_id,name,category,count,best_threshold,best_f1"

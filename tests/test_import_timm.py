@@ -130,8 +130,12 @@ def test_import_model_writes_a_plain_keras_model_with_its_tags(tmp_path):
         assert result.exit_code == 0, result.output
         assert "Channel order the weights expect: bgr: selected_tags.csv marks a WD tagger" in result.output
         arguments += [str(target), str(FIXTURES / name / "inputs.npy"), str(tmp_path / f"{name}.npy")]
-    assert (tmp_path / "vit_wd.tags.txt").read_text().split() == \
-        ["general", "sensitive", "questionable", "explicit", "1girl", "solo", "hatsune_miku"]
+    wd_tags = ["general", "sensitive", "questionable", "explicit", "1girl", "solo", "hatsune_miku"]
+    assert (tmp_path / "vit_wd.tags.txt").read_text().split() == wd_tags
+    from deepdanbooru.models.vocabulary import read_model_tags
+
+    # The model carries its tags too: a renamed copy without the .tags.txt still knows them.
+    assert read_model_tags(tmp_path / "vit_wd.keras") == tuple(wd_tags)
     from deepdanbooru.project.categories import parse_categories
 
     categories = parse_categories((tmp_path / "vit_wd.categories.json").read_text(), "x", 7)

@@ -5,7 +5,7 @@ import pytest
 
 from deepdanbooru.models.vocabulary import read_model_tags
 from deepdanbooru.training.export import export_model
-from deepdanbooru.training.train import source_model_tags
+from deepdanbooru.training.source import source_model_tags
 
 
 def _model(units):

@@ -7,14 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepdanbooru.errors import file_field
-from deepdanbooru.inference.model_files import choose_thresholds, resolve_model_files
+from deepdanbooru.inference.model_files import choose_thresholds, model_tags, resolve_model_files
 from deepdanbooru.inference.caption_files import CaptionOptions, caption_text, existing_captions
 from deepdanbooru.inference.output import (FORMATS, drop_undesired, make_writer, print_err, select_tags,
                                            set_category_thresholds, threshold_vector)
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
 from deepdanbooru.project.categories import tag_categories
 from deepdanbooru.fileio import write_text_atomic
-from deepdanbooru.project.tags import load_tags
 from deepdanbooru.wording import plural
 
 
@@ -70,7 +69,7 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
     captions = o.caption.check(o.save_txt)
     existing = existing_captions(paths, captions) if o.save_txt else {}
     files = resolve_model_files(project_path, model_path, tags_path)
-    tags = load_tags(files.tags)
+    tags = model_tags(files)
     choice = choose_thresholds(files.model, o.threshold, o.thresholds_csv)
     thresholds = threshold_vector(tags, choice.default, choice.csv)
     if o.general_threshold is not None or o.character_threshold is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.inference.targets import natural_key
+from deepdanbooru.models.vocabulary import read_model_tags
 from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 
@@ -30,6 +31,8 @@ class ModelFiles:
     # Set when the model comes from a project: its input size and image limits apply.
     config: ProjectConfig | None = None
     kind: str = "the given file"  # which model this is, for the first line of the output
+    # The tags recorded inside the model file, when they are the vocabulary used (`tags` is then the model).
+    recorded: tuple[str, ...] | None = None
 
     @property
     def max_image_pixels(self) -> int:
@@ -68,10 +71,16 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
     if project_path is None and model_path is None:
         raise ModelSourceError("give --project-path, or --model-path with --tags-path")
     config = load_config(project_path, uses=MODEL_KEYS) if project_path is not None else None
+    recorded = None
     if model_path is not None and tags_path is None and config is None:
         tags_path = tags_beside(Path(model_path))
         if tags_path is None:
-            raise ModelSourceError("--model-path needs --tags-path (the tags.txt the model was trained with)")
+            # Every export of ours and every import-model file records its tags inside.
+            recorded = read_model_tags(model_path)
+            if recorded is None:
+                raise ModelSourceError("--model-path needs --tags-path (the tags.txt the model was trained with); "
+                                       f"{model_path} records no tags and has no .tags.txt beside it")
+            tags_path = model_path
     if model_path is not None:
         model, kind = Path(model_path), _given_kind(Path(model_path), config)
     else:
@@ -79,7 +88,14 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
     tags = Path(tags_path) if tags_path is not None else ProjectPaths(config.project_dir).tags
     if not model.is_file():
         raise ModelError(file_field(model, None, "model file not found"))
-    return ModelFiles(model=model, tags=tags, config=config, kind=kind)
+    return ModelFiles(model=model, tags=tags, config=config, kind=kind, recorded=recorded)
+
+
+def model_tags(files: ModelFiles) -> list[str]:
+    """The vocabulary, one tag per output: recorded inside the model file, else the tags file's."""
+    from deepdanbooru.project.tags import load_tags
+
+    return list(files.recorded) if files.recorded is not None else load_tags(files.tags)
 
 
 def _given_kind(model: Path, config: ProjectConfig | None) -> str:

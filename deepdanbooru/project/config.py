@@ -348,7 +348,8 @@ KEYS: tuple[Key, ...] = (
         ">= 0, <= learning_rate", spec=False),
     Key("ema_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True),
         "keep an exponential moving average of the weights (decay per minibatch) in the checkpoint; validation "
-        "and exports use it (null: off)", "float or null", "0 < d < 1", spec=False),
+        "and exports use it; the decay warms up as min(d, (1+n)/(10+n)) after n steps so early weights do not "
+        "linger (null: off)", "float or null", "0 < d < 1", spec=False),
     Key("head_bias_init", "zeros", _choice(HEAD_BIAS_INITS),
         "from scratch, the output bias of each tag: zeros, or log_prior (the log-odds of its frequency in the "
         "training records; models whose head has a bias)", "str", ", ".join(HEAD_BIAS_INITS), spec=False),
@@ -372,6 +373,10 @@ KEYS: tuple[Key, ...] = (
     Key("freeze_backbone_epochs", 0, _int(0),
         "train only the head (trunk frozen, its batch norm on moving statistics) for the first N epochs",
         "int", ">= 0", spec=False),
+    Key("resample_positions", False, _bool,
+        "with a ViT timm checkpoint folder as --source-model whose input size is not image_width x image_height: "
+        "resample its position table bicubically to the project's token grid (false: refuse the size)",
+        "bool", "true, false", spec=False),
     Key("padding", "border", _choice(PADDING_MODES),
         "what surrounds a picture that is not of the model's proportions, and what rotations and shifts uncover, "
         "in training, validation and evaluate: border (repeat the edge pixels) or white (as the WD tagger "
@@ -450,6 +455,7 @@ class ProjectConfig:
     mixup: float | None
     backbone_weights: Path | None
     freeze_backbone_epochs: int
+    resample_positions: bool
     padding: str
     alpha: str
     data_service: str | None

@@ -16,7 +16,6 @@ from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.dataset.trust import split_stats, trust_warning
 from deepdanbooru.errors import ConfigError, ModelError, TrainingError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
-from deepdanbooru.models.vocabulary import read_model_tags
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.shards import ShardIndex, open_shards
@@ -24,6 +23,7 @@ from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
 from deepdanbooru.training.budget import TimeBudget
+from deepdanbooru.training.source import SourceModel, check_input_size, read_source_model
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class TrainingPlan:
     source_model: Path | None = None
     # The vocabulary the source model was trained on, when known (--source-tags, or its thresholds.csv).
     source_tags: tuple[str, ...] | None = None
+    source: SourceModel | None = None  # what --source-model is: a file or a checkpoint folder, its categories
     force_mixed_precision: bool = False
     devices: DeviceChoice = DeviceChoice()
     role: ClusterRole = ClusterRole()  # from TF_CONFIG; only the chief writes into the project
@@ -45,26 +46,6 @@ class TrainingPlan:
     split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
     time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
     shards: ShardIndex | None = None  # the packed pictures (deepdanbooru pack), when the project has them
-
-
-def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] | None:
-    """--source-tags FILE; else the tags the model file records (every export of ours records them);
-    else the `<stem>.thresholds.csv` that training writes beside an export when validation is on; else the
-    `<stem>.tags.txt` import-model writes; else None."""
-    if source_tags is not None:
-        return tuple(load_tags(source_tags))
-    recorded = read_model_tags(source_model)
-    if recorded is not None:
-        return recorded
-    stem = source_model.stem.removesuffix(".float32")
-    sidecar = source_model.with_name(stem + ".thresholds.csv")
-    if not sidecar.is_file():
-        # import-model writes the imported model's tags there.
-        imported = source_model.with_name(stem + ".tags.txt")
-        return tuple(load_tags(imported)) if imported.is_file() else None
-    from deepdanbooru.scoring.thresholds import read_thresholds_csv
-
-    return tuple(read_thresholds_csv(sidecar))
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
@@ -81,17 +62,16 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     config = load_config(paths.root)
     tags = load_tags(paths.tags)
     database = config.require_database()
-    known_tags = None
+    known_tags = source = None
     if source_model is None:
         if source_tags is not None:
             raise ModelError(file_field(source_tags, None, "--source-tags is for --source-model; give both"))
         check_model_input(config.model, config.input_shape, source=config.config_path)
         check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     else:
-        source_model = Path(source_model)
-        if not source_model.is_file():
-            raise ModelError(file_field(source_model, None, "--source-model file not found"))
-        known_tags = source_model_tags(source_model, source_tags)
+        source = read_source_model(source_model, source_tags)
+        check_input_size(source, config)
+        source_model, known_tags = source.path, source.tags
     records = load_records(database, config.minimum_tag_count, config.image_extensions)
     if not len(records):
         raise TrainingError(file_field(
@@ -112,8 +92,9 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             f"leaves no training records out of {len(records)} eligible; lower it"))
     stats = split_stats(itertools.chain(((False, t) for t in train.tag_strings),
                                         ((True, t) for t in validation.tag_strings)), tags)
-    return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, force_mixed_precision,
-                        device_choice, role, split_note=split_note, time_budget=budget, shards=shards,
+    return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, source,
+                        force_mixed_precision, device_choice, role, split_note=split_note, time_budget=budget,
+                        shards=shards,
                         trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
 
 

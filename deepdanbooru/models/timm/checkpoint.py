@@ -74,12 +74,13 @@ def set_layer_weights(model: keras.Model, weights: dict, source) -> None:
         layer.set_weights([np.asarray(v, dtype=np.float32) for v in values])
 
 
-def import_checkpoint(folder, channel_order: str | None = None) -> ImportedModel:
+def import_checkpoint(folder, channel_order: str | None = None, input_size=None) -> ImportedModel:
     """Build and fill the Keras model for a timm checkpoint folder (config.json + model.safetensors).
 
     The model takes RGB in [0, 1] at the checkpoint's input size, with the checkpoint's mean, std and
     `channel_order` ("rgb" or "bgr"; None: bgr with selected_tags.csv, else rgb) folded into its first
-    convolution, and outputs one sigmoid score per head row.
+    convolution, and outputs one sigmoid score per head row. `input_size` (height, width): another size,
+    for the families whose weights can be resized to it (ViT: the position table is resampled).
     """
     source = read_source(folder, channel_order)
     family = family_of(source)
@@ -88,6 +89,13 @@ def import_checkpoint(folder, channel_order: str | None = None) -> ImportedModel
     check_tensors(source.weights_path, expected)
     tensors = read_tensors(source.weights_path, expected)
     size = family.input_size(opts, source.input_size, source.config_path)
+    if input_size is not None and tuple(input_size) != tuple(size):
+        if not hasattr(family, "resized"):
+            raise ModelError(file_field(source.config_path, "architecture", (
+                f"a {source.architecture} checkpoint takes {size[1]}x{size[0]} only (a ViT's position table can "
+                f"be resampled to {input_size[1]}x{input_size[0]}; this family cannot)")))
+        opts, tensors = family.resized(opts, tensors, input_size, source.config_path)
+        size = tuple(input_size)
     model = family.build(opts, source.architecture, size)
 
     def fold(kernel, bias):

@@ -88,3 +88,13 @@ def fold_input(kernel: np.ndarray, bias: np.ndarray, mean, std, channel_order: s
     folded = kernel * scale[None, None, :, None]
     bias = np.asarray(bias, np.float64) + np.einsum("hwco,c->o", kernel, shift)
     return folded.astype(np.float32), bias.astype(np.float32)
+
+
+def resample_grid(table: np.ndarray, grid: tuple[int, int], wanted: tuple[int, int]) -> np.ndarray:
+    """Rows of a per-patch table laid out on `grid` (row-major), resampled bicubically onto `wanted`."""
+    if tuple(grid) == tuple(wanted):
+        return table
+    import tensorflow as tf
+
+    image = tf.constant(table.reshape(1, *grid, -1))
+    return tf.image.resize(image, wanted, method="bicubic").numpy().reshape(wanted[0] * wanted[1], -1)

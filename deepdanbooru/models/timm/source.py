@@ -165,9 +165,10 @@ def read_selected_tags(path) -> tuple[tuple[str, ...], tuple[int, ...]]:
             continue
         if len(row) < 4:
             raise ModelError(file_field(path, f"line {number}", f"has {len(row)} columns, expected at least 4"))
-        name = row[1].strip()
-        if not name or any(ch.isspace() for ch in name):
-            raise ModelError(file_field(path, f"line {number}", f"tag name {name!r} is empty or holds whitespace"))
+        # Some taggers' lists spell 'long hair'; a tag holds no spaces (tag strings split on them).
+        name = "_".join(row[1].split())
+        if not name:
+            raise ModelError(file_field(path, f"line {number}", "tag name is empty"))
         if name in seen:
             raise ModelError(file_field(path, f"line {number}", f"duplicate tag {name!r} (first on line "
                                                                 f"{seen[name]})"))

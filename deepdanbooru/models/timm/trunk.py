@@ -51,15 +51,6 @@ def _mismatch(source, what: str, name: str, have, need):
                                                           f"needs {need}"))
 
 
-def _resample(table: np.ndarray, grid: tuple[int, int], wanted: tuple[int, int]) -> np.ndarray:
-    if grid == wanted:
-        return table
-    import tensorflow as tf
-
-    image = tf.constant(table.reshape(1, *grid, -1))
-    return tf.image.resize(image, wanted, method="bicubic").numpy().reshape(wanted[0] * wanted[1], -1)
-
-
 def _vit_weights(opts, tensors, model, name, architecture, source):
     expected = (architecture.widths[0], architecture.repeats[0], architecture.heads, architecture.patch)
     have = (opts.width, opts.depth, opts.heads, opts.patch)
@@ -71,7 +62,7 @@ def _vit_weights(opts, tensors, model, name, architecture, source):
     table = tensors["pos_embed"].reshape(opts.table_length, opts.width)
     patches = table if opts.no_embed_class else table[opts.prefix_tokens:]
     grid = tuple(int(d) for d in model.get_layer("vit_token_grid").output.shape[1:3])
-    out["vit_position_embedding"] = [_resample(patches, opts.grid, grid).reshape(1, -1)]
+    out["vit_position_embedding"] = [parts.resample_grid(patches, opts.grid, grid).reshape(1, -1)]
     return out, vit.patch_kernel(tensors), "vit_patch_embedding"
 
 

@@ -14,7 +14,7 @@ q/k/v without bias (zero biases here), gelu or gelu_tanh.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import keras
 import numpy as np
@@ -118,6 +118,20 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTO
 def input_size(opts: ViTOptions, pretrained_size, path=None) -> tuple[int, int]:
     # The position table is made for img_size; timm refuses any other size unless built dynamic.
     return opts.img_size
+
+
+def resized(opts: ViTOptions, tensors: dict, size, path=None) -> tuple[ViTOptions, dict]:
+    """(options, tensors) for input `size`: the position table's patch rows resampled bicubically onto the new
+    token grid (a position is where it was, relative to the picture); prefix-token rows are kept."""
+    size = tuple(size)
+    if size[0] % opts.patch or size[1] % opts.patch:
+        raise ModelError(file_field(path, "model_args.patch_size", f"{opts.patch} does not divide the input "
+                                                                    f"{size[1]}x{size[0]} asked for"))
+    new = replace(opts, img_size=size)
+    table = tensors["pos_embed"].reshape(opts.table_length, opts.width)
+    prefix = 0 if opts.no_embed_class else opts.prefix_tokens
+    rows = np.concatenate([table[:prefix], parts.resample_grid(table[prefix:], opts.grid, new.grid)])
+    return new, {**tensors, "pos_embed": rows.reshape(1, new.table_length, opts.width)}
 
 
 def _norm(name):

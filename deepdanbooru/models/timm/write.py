@@ -66,7 +66,7 @@ def import_model(source, save_path, channel_order=None, overwrite=False, echo=pr
         write_text_atomic(categories_path, json.dumps(categories_json(imported.categories), indent=2) + "\n")
     else:
         categories_path = None
-    save_atomic(imported.model, path)
+    save_atomic(imported.model, path, tags=imported.tags)
     written = ", ".join(str(p) for p in (tags_path, categories_path) if p is not None)
     echo(f"Wrote {path} and {written}")
     return ImportReport(path, tags_path, categories_path)

@@ -48,6 +48,20 @@ STEM = "stem_conv/kernel"
 HEAD = "head_conv/kernel"
 
 
+def test_layer_decay_counts_the_blocks_of_the_model_it_is_given(monkeypatch):
+    # A source model shallower than the registry row of project.json's `model` (an imported 2-block ViT
+    # trained as vit_small_patch16, whose row has 12): its last block is one step below the head.
+    from deepdanbooru import registry
+
+    monkeypatch.setitem(registry.MODELS, "vit_two_blocks", registry.Architecture((32,), (2,), "pooled", "vit",
+                                                                                  patch=8, heads=4))
+    model = build_model("vit_two_blocks", SHAPE, 3, seed=0)
+    factors = {variable.path: factor for variable, factor in layer_rate_factors(model, "vit_small_patch16", DECAY)}
+    assert factors["vit_block1_mlp1/kernel"] == pytest.approx(DECAY)
+    assert factors["vit_block0_mlp1/kernel"] == pytest.approx(DECAY ** 2)
+    assert factors["vit_patch_embedding/kernel"] == pytest.approx(DECAY ** 3)
+
+
 @pytest.mark.parametrize("name, loss_scaled", [("adam", False), ("sgd", False), ("rmsprop", False),
                                                ("lamb", False), ("adam", True)],
                          ids=["adam", "sgd", "rmsprop", "lamb", "adam-loss-scaled"])

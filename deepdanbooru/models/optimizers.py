@@ -144,14 +144,17 @@ def layer_rate_factors(model, name: str, layer_decay: float | None, source=None)
     if layer_decay is None:
         return ()
     architecture, groups = _groups(name)
-    count = groups.units_of(architecture)
-    factors = []
     head = {id(layer) for layer in head_layers(model)}
-    for layer, variable in _owned_variables(model):
-        if id(layer) in head or groups.is_top(layer.name):
-            continue
-        unit = groups.unit_of(layer.name)
-        if unit is None or unit >= count:
+    trunk = [(layer, variable) for layer, variable in _owned_variables(model)
+             if id(layer) not in head and not groups.is_top(layer.name)]
+    units = [groups.unit_of(layer.name) for layer, _ in trunk]
+    # L is counted on the model itself: a --source-model (an imported ViT of 6 blocks, say) need not be as
+    # deep as the registry row of project.json's `model`.
+    placed = [unit for unit in units if unit is not None and unit >= 0]
+    count = max(placed) + 1 if placed else groups.units_of(architecture)
+    factors = []
+    for (layer, variable), unit in zip(trunk, units):
+        if unit is None:
             message = (f"cannot tell which of {name}'s {count} {groups.unit_count} layer {layer.name!r} belongs "
                        f"to; layer_decay needs a {name} built by deepdanbooru")
             raise ModelError(file_field(source, "layer_decay", message) if source else f"layer_decay: {message}")

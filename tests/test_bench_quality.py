@@ -133,3 +133,37 @@ def test_plots_are_pngs_with_a_line_per_series(quality, tmp_path):
 def test_auto_stop_finds_this_train_project_s_time_limit(quality):
     env = dict(os.environ, PYTHONPATH=str(quality.ROOT))
     assert quality.has_time_limit(env)
+
+
+def test_a_source_model_recipe_passes_the_model_and_its_tags_and_stays_out_of_project_json(quality, tmp_path):
+    model = tmp_path / "vit.keras"
+    model.write_bytes(b"not read here")
+    recipe = {"model": "vit_small_patch16", "source_model": str(model), "learning_rate": 0.0003}
+    assert quality.source_arguments(recipe) == ["--source-model", str(model)]
+    (tmp_path / "vit.tags.txt").write_text("a\nb\n")
+    assert quality.source_arguments(recipe) == ["--source-model", str(model), "--source-tags",
+                                                str(tmp_path / "vit.tags.txt")]
+    assert quality.source_arguments({"model": "resnet_small"}) == []
+    assert "source_model" not in quality.project_json(recipe, 64)
+    quality.check_recipes(["ft"], {"ft": recipe}, tmp_path)
+    with pytest.raises(quality.BenchError, match="recipe 'gone': source_model .*missing.keras is not a file"):
+        quality.check_recipes(["gone"], {"gone": {**recipe, "source_model": str(tmp_path / "missing.keras")}},
+                              tmp_path)
+
+
+def test_an_own_dataset_gives_its_tags_and_image_extensions(quality, tmp_path):
+    import sqlite3
+
+    with pytest.raises(quality.BenchError, match="dataset.sqlite is not a file"):
+        quality.own_dataset(tmp_path)
+    connection = sqlite3.connect(tmp_path / "dataset.sqlite")
+    with connection:
+        connection.execute("CREATE TABLE posts (id INTEGER PRIMARY KEY, md5 TEXT, file_ext TEXT, tag_string TEXT)")
+        connection.executemany("INSERT INTO posts VALUES (?, ?, ?, ?)",
+                               [(1, "a" * 32, "png", "x"), (2, "b" * 32, "jpg", "y"), (3, "c" * 32, "png", "x y")])
+    connection.close()
+    (tmp_path / "tags.txt").write_text("x\ny\n\n")
+    database, tags, base = quality.own_dataset(tmp_path)
+    assert database == tmp_path / "dataset.sqlite" and tags == ["x", "y"]
+    assert base["image_extensions"] == ["jpg", "png"]
+    assert quality.project_json({"model": "resnet_small"}, 64, database, base)["image_extensions"] == ["jpg", "png"]

@@ -22,7 +22,7 @@ its last validation within the budget, i.e. of the weights it would leave
 behind. Printed side by side with the ratio to DeepDanbooru's recipe and to
 the best ResNet recipe; written to OUT/quality.json, OUT/quality.md (the
 table for docs/quality.md), OUT/<recipe>.png (its learning curve) and
-OUT/curves.png (all of them).
+OUT/curves.png and OUT/curves-map.png (all of them: macro-F1, mAP).
 
 A recipe is a set of project.json overrides (RECIPES below). One the
 installed deepdanbooru does not understand (an unknown key, a model or loss
@@ -335,11 +335,13 @@ def plots(results: dict[str, dict], out: Path) -> list[Path]:
                    title=f"{name} ({result['config']['model']})", x_label="minutes", y_label="validation",
                    y_range=(0.0, 1.0))
         written.append(path)
-    path = out / "curves.png"
-    line_chart(path, {name: [(p["minutes"], p["macro_f1"]) for p in result["curve"] if p["macro_f1"] is not None]
-                      for name, result in results.items()},
-               title="macro-F1 at equal time", x_label="minutes", y_label="macro-F1", y_range=(0.0, 1.0))
-    written.append(path)
+    # macro-F1 at 0.5 moves with the loss's calibration, mAP only with the ranking: one chart each.
+    for path, metric in ((out / "curves.png", "macro_f1"), (out / "curves-map.png", "map")):
+        line_chart(path, {name: [(p["minutes"], p[metric]) for p in result["curve"] if p[metric] is not None]
+                          for name, result in results.items()},
+                   title=f"{LABELS[metric]} at equal time", x_label="minutes", y_label=LABELS[metric],
+                   y_range=(0.0, 1.0))
+        written.append(path)
     return written
 
 

@@ -121,7 +121,7 @@ def test_plots_are_pngs_with_a_line_per_series(quality, tmp_path):
     results["a"]["curve"].insert(0, {"minutes": 0.5, "used_sample": 10, "macro_f1": 0.05, "micro_f1": 0.2,
                                      "map": 0.1})
     written = quality.plots(results, tmp_path)
-    assert [p.name for p in written] == ["a.png", "b.png", "curves.png"]
+    assert [p.name for p in written] == ["a.png", "b.png", "curves.png", "curves-map.png"]
     with Image.open(tmp_path / "curves.png") as image:
         assert image.format == "PNG" and image.size == (quality.line_chart.__globals__["WIDTH"],
                                                          quality.line_chart.__globals__["HEIGHT"])

@@ -184,6 +184,7 @@ def own_dataset(directory: Path) -> tuple[Path, list[str], dict]:
     """(database, tags, BASE with its image extensions) of a Danbooru-style dataset folder."""
     import sqlite3
 
+    directory = directory.resolve()  # project.json resolves a relative database_path against the project
     database, tags_file = directory / "dataset.sqlite", directory / "tags.txt"
     for path in (database, tags_file):
         if not path.is_file():

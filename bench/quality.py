@@ -4,6 +4,7 @@
                             [--recipes-file FILE.json] [--count 6000] [--size 64] [--seed 0]
                             [--work DIR] [--out quality-results] [--stop auto|time-limit|signal]
                             [--dataset DIR] [--held-back TAGS.txt]
+    python bench/quality.py --merge OUT1/quality.json OUT2/quality.json ... [--held-back TAGS.txt] --out DIR
 
 Every recipe trains on the same dataset (`make-sample-dataset --preset hard`,
 generated once into --work and kept there between runs) with the same
@@ -363,8 +364,13 @@ def main(argv=None) -> int:
     parser.add_argument("--dataset", type=Path, help="a Danbooru-style dataset folder (dataset.sqlite, images/, "
                                                      "tags.txt) instead of the hard sample")
     parser.add_argument("--held-back", type=Path, help="tags (one a line) scored alone on each final export too")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="QUALITY.json",
+                        help="train nothing: the tables and charts of the runs in these earlier quality.json files")
     args = parser.parse_args(argv)
 
+    if args.merge:
+        held_back = args.held_back.read_text().split() if args.held_back else None
+        return merge(args.merge, args.out, held_back)
     recipes = dict(RECIPES)
     if args.recipes_file:
         recipes.update(json.loads(args.recipes_file.read_text()))
@@ -430,6 +436,7 @@ def main(argv=None) -> int:
         (args.out / "quality.json").write_text(json.dumps(
             {"budget_seconds": args.budget, "count": args.count, "size": args.size, "seed": args.seed,
              "stop": "time-limit" if use_time_limit else "signal", "table": table, "runs": results,
+             "held_back_tags": held_back,
              "failed": failed}, indent=2))
         written = plots(results, args.out)
         print()
@@ -442,7 +449,7 @@ def main(argv=None) -> int:
 
 
 def held_back_table(results: dict[str, dict], held_back: list[str]) -> str:
-    """Each run's final export measured again: all tags, then the held-back ones alone (stored in results)."""
+    """Each run's final export measured again (unless results hold it): all tags, then the held-back ones alone."""
     from held_back import subset_scores
 
     lines = ["", f"Final exports on the validation split: all tags, and the {len(held_back)} held-back tags alone "
@@ -450,11 +457,39 @@ def held_back_table(results: dict[str, dict], held_back: list[str]) -> str:
              "| recipe | mAP | macro-F1 at P=R | per-tag thresholds | held-back mAP | held-back at P=R | "
              "held-back per-tag | held-back tags scored |", "|---|---|---|---|---|---|---|---|"]
     for name, result in results.items():
-        scores = result["held_back"] = subset_scores(Path(result["project"]), held_back)
+        if "held_back" not in result:
+            result["held_back"] = subset_scores(Path(result["project"]), held_back)
+        scores = result["held_back"]
         cells = [_cell(scores[part][figure], ()) for part in ("all", "held_back")
                  for figure in ("map", "pr_f1", "calibrated_macro_f1")]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {scores['held_back_tags']} |")
     return "\n".join(lines) + "\n"
+
+
+def merge(files: list[Path], out: Path, held_back: list[str] | None = None) -> int:
+    """One table and one set of charts from runs of several invocations (same data, same budget)."""
+    results, budgets = {}, set()
+    for path in files:
+        saved = json.loads(path.read_text())
+        budgets.add(saved["budget_seconds"])
+        held_back = saved.get("held_back_tags", held_back)
+        for name, result in saved["runs"].items():
+            if name in results:
+                print(f"error: {path}: recipe {name!r} is in an earlier file too", file=sys.stderr)
+                return 2
+            results[name] = result
+    if len(budgets) > 1:
+        print(f"error: the files' budgets differ ({sorted(budgets)} s): not an equal-time comparison", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(summarise(results), budgets.pop())
+    if held_back is not None and all("held_back" in result for result in results.values()):
+        text += held_back_table(results, held_back)
+    (out / "quality.md").write_text(text)
+    written = plots(results, out)
+    print(text)
+    print(f"written: {out / 'quality.md'}, " + ", ".join(str(p) for p in written))
+    return 0
 
 
 def measure(project: Path, budget: float, use_time_limit: bool, env, extra=()) -> dict:

@@ -167,3 +167,27 @@ def test_an_own_dataset_gives_its_tags_and_image_extensions(quality, tmp_path):
     assert database == tmp_path / "dataset.sqlite" and tags == ["x", "y"]
     assert base["image_extensions"] == ["jpg", "png"]
     assert quality.project_json({"model": "resnet_small"}, 64, database, base)["image_extensions"] == ["jpg", "png"]
+
+
+def test_merge_tables_runs_of_several_invocations_at_one_budget(quality, tmp_path, capsys):
+    scores = {"all": {"map": 0.4, "pr_f1": 0.2, "calibrated_macro_f1": 0.25},
+              "held_back": {"map": 0.3, "pr_f1": 0.1, "calibrated_macro_f1": 0.15}, "held_back_tags": 7}
+    first = tmp_path / "a.json"
+    first.write_text(json.dumps({"budget_seconds": 360, "runs": {"modern": _result("resnet_small", 0.1, 0.4, 0.2)}}))
+    second = tmp_path / "b.json"
+    second.write_text(json.dumps({"budget_seconds": 360, "runs": {
+        "finetune": {**_result("vit_small_patch16", 0.2, 0.5, 0.4), "held_back": scores}}}))
+    assert quality.merge([first, second], tmp_path / "out", ["x", "y"]) == 0
+    text = (tmp_path / "out" / "quality.md").read_text()
+    assert "| modern | resnet_small |" in text and "| finetune | vit_small_patch16 |" in text
+    assert "held-back" not in text  # modern's export was not scored: no half table
+    assert {p.name for p in (tmp_path / "out").glob("*.png")} == {"modern.png", "finetune.png", "curves.png",
+                                                                   "curves-map.png"}
+    first.write_text(json.dumps({"budget_seconds": 360, "runs": {
+        "modern": {**_result("resnet_small", 0.1, 0.4, 0.2), "held_back": scores}}}))
+    assert quality.merge([first, second], tmp_path / "both", ["x", "y"]) == 0
+    assert "| finetune | 0.4000 | 0.2000 | 0.2500 | 0.3000 | 0.1000 | 0.1500 | 7 |" in (
+        tmp_path / "both" / "quality.md").read_text()
+    second.write_text(json.dumps({"budget_seconds": 600, "runs": {}}))
+    assert quality.merge([first, second], tmp_path / "bad") == 2
+    assert "budgets differ ([360, 600] s)" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -3,6 +3,8 @@
     python bench/quality.py [--budget 600] [--recipes deepdanbooru,resnet_small,modern]
                             [--recipes-file FILE.json] [--count 6000] [--size 64] [--seed 0]
                             [--work DIR] [--out quality-results] [--stop auto|time-limit|signal]
+                            [--dataset DIR] [--held-back TAGS.txt]
+    python bench/quality.py --merge OUT1/quality.json OUT2/quality.json ... [--held-back TAGS.txt] --out DIR
 
 Every recipe trains on the same dataset (`make-sample-dataset --preset hard`,
 generated once into --work and kept there between runs) with the same
@@ -21,11 +23,22 @@ its last validation within the budget, i.e. of the weights it would leave
 behind. Printed side by side with the ratio to DeepDanbooru's recipe and to
 the best ResNet recipe; written to OUT/quality.json, OUT/quality.md (the
 table for docs/quality.md), OUT/<recipe>.png (its learning curve) and
-OUT/curves.png (all of them).
+OUT/curves.png and OUT/curves-map.png (all of them: macro-F1, mAP).
 
 A recipe is a set of project.json overrides (RECIPES below). One the
 installed deepdanbooru does not understand (an unknown key, a model or loss
-it does not have) is refused before anything trains.
+it does not have) is refused before anything trains. A recipe may also name
+a `source_model` (a .keras file, not a project.json key): its run is
+`train-project --source-model FILE`, with `--source-tags` the
+`<stem>.tags.txt` beside it (what `import-model` writes), so fine-tuning a
+pretrained model competes with training from scratch on the same clock.
+
+--dataset DIR trains on a Danbooru-style dataset of one's own instead of the
+hard sample: DIR/dataset.sqlite with DIR/images/ and DIR/tags.txt (the
+vocabulary); bench/transfer_data.py writes such folders. --held-back FILE
+(one tag a line) then also measures each run's final export on the
+validation split and prints mAP and macro-F1 (at P=R, at per-tag thresholds)
+over all tags and over the tags of FILE alone (bench/held_back.py).
 """
 
 from __future__ import annotations
@@ -106,9 +119,14 @@ class BenchError(Exception):
     pass
 
 
-def project_json(recipe: dict, size: int, database: Path | None = None) -> dict:
-    config = {**BASE, "image_width": size, "image_height": size, "database_path": str(database or "dataset.sqlite"),
-              **recipe}
+# Recipe entries that are not project.json keys but arguments of the run.
+RUN_KEYS = ("source_model",)
+
+
+def project_json(recipe: dict, size: int, database: Path | None = None, base: dict | None = None) -> dict:
+    config = {**(base or BASE), "image_width": size, "image_height": size,
+              "database_path": str(database or "dataset.sqlite"),
+              **{key: value for key, value in recipe.items() if key not in RUN_KEYS}}
     config.setdefault("export_model_per_epoch", config["epoch_count"])  # exports only at the end
     return config
 
@@ -123,6 +141,10 @@ def check_recipes(names: list[str], recipes: dict[str, dict], project_dir: Path,
     for name in names:
         if name not in recipes:
             problems.append(f"recipe {name!r} is not defined (known: {', '.join(recipes)})")
+            continue
+        source = recipes[name].get("source_model")
+        if source is not None and not Path(source).is_file():
+            problems.append(f"recipe {name!r}: source_model {source} is not a file")
             continue
         raw = project_json(recipes[name], size)
         unknown = sorted(key for key in raw if key not in KEY_BY_NAME)
@@ -159,16 +181,45 @@ def make_dataset(work: Path, count: int, size: int, seed: int) -> tuple[Path, li
         raise BenchError(str(error)) from None
 
 
-def write_project(directory: Path, recipe: dict, database: Path, tags: list[str], size: int) -> None:
+def own_dataset(directory: Path) -> tuple[Path, list[str], dict]:
+    """(database, tags, BASE with its image extensions) of a Danbooru-style dataset folder."""
+    import sqlite3
+
+    directory = directory.resolve()  # project.json resolves a relative database_path against the project
+    database, tags_file = directory / "dataset.sqlite", directory / "tags.txt"
+    for path in (database, tags_file):
+        if not path.is_file():
+            raise BenchError(f"--dataset: {path} is not a file")
+    connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+    try:
+        extensions = sorted(row[0] for row in connection.execute("SELECT DISTINCT file_ext FROM posts"))
+    finally:
+        connection.close()
+    tags = [line.strip() for line in tags_file.read_text().splitlines() if line.strip()]
+    return database, tags, {**BASE, "image_extensions": extensions}
+
+
+def source_arguments(recipe: dict) -> list[str]:
+    """train-project's --source-model (and --source-tags, when import-model's list lies beside it)."""
+    source = recipe.get("source_model")
+    if source is None:
+        return []
+    source = Path(source).resolve()
+    tags = source.with_name(source.name.removesuffix(".keras") + ".tags.txt")
+    return ["--source-model", str(source)] + (["--source-tags", str(tags)] if tags.is_file() else [])
+
+
+def write_project(directory: Path, recipe: dict, database: Path, tags: list[str], size: int,
+                  base: dict | None = None) -> None:
     directory.mkdir(parents=True)
-    config = project_json(recipe, size, database)
+    config = project_json(recipe, size, database, base)
     (directory / "project.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / "tags.txt").write_text("\n".join(tags) + "\n")
 
 
-def train(project: Path, budget: float, use_time_limit: bool, env, log) -> dict:
+def train(project: Path, budget: float, use_time_limit: bool, env, log, extra=()) -> dict:
     """Run train-project for the budget; return how it ended."""
-    argv = [sys.executable, "-m", "deepdanbooru", "train-project", str(project)]
+    argv = [sys.executable, "-m", "deepdanbooru", "train-project", str(project), *extra]
     if use_time_limit:
         argv += ["--time-limit", f"{int(budget)}s"]
     started_wall, started = time.time(), time.monotonic()
@@ -286,11 +337,13 @@ def plots(results: dict[str, dict], out: Path) -> list[Path]:
                    title=f"{name} ({result['config']['model']})", x_label="minutes", y_label="validation",
                    y_range=(0.0, 1.0))
         written.append(path)
-    path = out / "curves.png"
-    line_chart(path, {name: [(p["minutes"], p["macro_f1"]) for p in result["curve"] if p["macro_f1"] is not None]
-                      for name, result in results.items()},
-               title="macro-F1 at equal time", x_label="minutes", y_label="macro-F1", y_range=(0.0, 1.0))
-    written.append(path)
+    # macro-F1 at 0.5 moves with the loss's calibration, mAP only with the ranking: one chart each.
+    for path, metric in ((out / "curves.png", "macro_f1"), (out / "curves-map.png", "map")):
+        line_chart(path, {name: [(p["minutes"], p[metric]) for p in result["curve"] if p[metric] is not None]
+                          for name, result in results.items()},
+                   title=f"{LABELS[metric]} at equal time", x_label="minutes", y_label=LABELS[metric],
+                   y_range=(0.0, 1.0))
+        written.append(path)
     return written
 
 
@@ -308,8 +361,16 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("quality-results"), help="results folder")
     parser.add_argument("--stop", choices=("auto", "time-limit", "signal"), default="auto",
                         help="how a run ends at the budget (auto: --time-limit when train-project has it)")
+    parser.add_argument("--dataset", type=Path, help="a Danbooru-style dataset folder (dataset.sqlite, images/, "
+                                                     "tags.txt) instead of the hard sample")
+    parser.add_argument("--held-back", type=Path, help="tags (one a line) scored alone on each final export too")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="QUALITY.json",
+                        help="train nothing: the tables and charts of the runs in these earlier quality.json files")
     args = parser.parse_args(argv)
 
+    if args.merge:
+        held_back = args.held_back.read_text().split() if args.held_back else None
+        return merge(args.merge, args.out, held_back)
     recipes = dict(RECIPES)
     if args.recipes_file:
         recipes.update(json.loads(args.recipes_file.read_text()))
@@ -330,19 +391,26 @@ def main(argv=None) -> int:
             work.mkdir(parents=True, exist_ok=True)
             args.out.mkdir(parents=True, exist_ok=True)
             made = time.monotonic()
-            database, tags = make_dataset(work, args.count, args.size, args.seed)
-            print(f"dataset: {database} ({args.count} posts, {len(tags)} tags, {time.monotonic() - made:.0f} s)")
+            if args.dataset:
+                database, tags, base = own_dataset(args.dataset)
+            else:
+                database, tags = make_dataset(work, args.count, args.size, args.seed)
+                base = BASE
+            print(f"dataset: {database} ({len(tags)} tags, {time.monotonic() - made:.0f} s)")
+            held_back = None
+            if args.held_back:
+                held_back = [line.strip() for line in args.held_back.read_text().splitlines() if line.strip()]
         except BenchError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         results, failed = {}, {}
         for name in names:
             project = work / "runs" / name
-            write_project(project, recipes[name], database, tags, args.size)
+            write_project(project, recipes[name], database, tags, args.size, base)
             print(f"{name}: training for {args.budget:g} s "
                   f"({'--time-limit' if use_time_limit else 'SIGINT at the budget'}) ...", flush=True)
             try:
-                results[name] = measure(project, args.budget, use_time_limit, env)
+                results[name] = measure(project, args.budget, use_time_limit, env, source_arguments(recipes[name]))
             except BenchError as error:  # the others still run: each is minutes of work
                 print(f"error: {name}: {error}", file=sys.stderr, flush=True)
                 failed[name] = str(error)
@@ -362,10 +430,13 @@ def main(argv=None) -> int:
                   "overrides a key of the split (validation_fraction, seed, minimum_tag_count, image_extensions)")
         table = summarise(results)
         text = markdown(table, args.budget)
+        if held_back is not None:
+            text += held_back_table(results, held_back)
         (args.out / "quality.md").write_text(text)
         (args.out / "quality.json").write_text(json.dumps(
             {"budget_seconds": args.budget, "count": args.count, "size": args.size, "seed": args.seed,
              "stop": "time-limit" if use_time_limit else "signal", "table": table, "runs": results,
+             "held_back_tags": held_back,
              "failed": failed}, indent=2))
         written = plots(results, args.out)
         print()
@@ -377,9 +448,53 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def measure(project: Path, budget: float, use_time_limit: bool, env) -> dict:
+def held_back_table(results: dict[str, dict], held_back: list[str]) -> str:
+    """Each run's final export measured again (unless results hold it): all tags, then the held-back ones alone."""
+    from held_back import subset_scores
+
+    lines = ["", f"Final exports on the validation split: all tags, and the {len(held_back)} held-back tags alone "
+             "(P=R and per-tag thresholds as above):", "",
+             "| recipe | mAP | macro-F1 at P=R | per-tag thresholds | held-back mAP | held-back at P=R | "
+             "held-back per-tag | held-back tags scored |", "|---|---|---|---|---|---|---|---|"]
+    for name, result in results.items():
+        if "held_back" not in result:
+            result["held_back"] = subset_scores(Path(result["project"]), held_back)
+        scores = result["held_back"]
+        cells = [_cell(scores[part][figure], ()) for part in ("all", "held_back")
+                 for figure in ("map", "pr_f1", "calibrated_macro_f1")]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {scores['held_back_tags']} |")
+    return "\n".join(lines) + "\n"
+
+
+def merge(files: list[Path], out: Path, held_back: list[str] | None = None) -> int:
+    """One table and one set of charts from runs of several invocations (same data, same budget)."""
+    results, budgets = {}, set()
+    for path in files:
+        saved = json.loads(path.read_text())
+        budgets.add(saved["budget_seconds"])
+        held_back = saved.get("held_back_tags", held_back)
+        for name, result in saved["runs"].items():
+            if name in results:
+                print(f"error: {path}: recipe {name!r} is in an earlier file too", file=sys.stderr)
+                return 2
+            results[name] = result
+    if len(budgets) > 1:
+        print(f"error: the files' budgets differ ({sorted(budgets)} s): not an equal-time comparison", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(summarise(results), budgets.pop())
+    if held_back is not None and all("held_back" in result for result in results.values()):
+        text += held_back_table(results, held_back)
+    (out / "quality.md").write_text(text)
+    written = plots(results, out)
+    print(text)
+    print(f"written: {out / 'quality.md'}, " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def measure(project: Path, budget: float, use_time_limit: bool, env, extra=()) -> dict:
     """Train one recipe's project for the budget and read its curve."""
-    run = train(project, budget, use_time_limit, env, project / "train.log")
+    run = train(project, budget, use_time_limit, env, project / "train.log", extra)
     # --time-limit keeps its own time (from a moment after the process starts): all its
     # validations count; a signalled run's count up to the signal.
     points = curve(project, run["started"], None if use_time_limit else budget)
@@ -388,6 +503,7 @@ def measure(project: Path, budget: float, use_time_limit: bool, env) -> dict:
     config = json.loads((project / "project.json").read_text())
     validation = sum(p["seconds"] or 0 for p in points)
     return {"config": config, "run": run, "curve": points, "train_records": _train_records(project),
+            "project": str(project), "source_model": extra[1] if extra else None,
             "validation_share": validation / run["seconds"]}
 
 

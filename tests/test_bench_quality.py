@@ -121,7 +121,7 @@ def test_plots_are_pngs_with_a_line_per_series(quality, tmp_path):
     results["a"]["curve"].insert(0, {"minutes": 0.5, "used_sample": 10, "macro_f1": 0.05, "micro_f1": 0.2,
                                      "map": 0.1})
     written = quality.plots(results, tmp_path)
-    assert [p.name for p in written] == ["a.png", "b.png", "curves.png"]
+    assert [p.name for p in written] == ["a.png", "b.png", "curves.png", "curves-map.png"]
     with Image.open(tmp_path / "curves.png") as image:
         assert image.format == "PNG" and image.size == (quality.line_chart.__globals__["WIDTH"],
                                                          quality.line_chart.__globals__["HEIGHT"])
@@ -133,3 +133,61 @@ def test_plots_are_pngs_with_a_line_per_series(quality, tmp_path):
 def test_auto_stop_finds_this_train_project_s_time_limit(quality):
     env = dict(os.environ, PYTHONPATH=str(quality.ROOT))
     assert quality.has_time_limit(env)
+
+
+def test_a_source_model_recipe_passes_the_model_and_its_tags_and_stays_out_of_project_json(quality, tmp_path):
+    model = tmp_path / "vit.keras"
+    model.write_bytes(b"not read here")
+    recipe = {"model": "vit_small_patch16", "source_model": str(model), "learning_rate": 0.0003}
+    assert quality.source_arguments(recipe) == ["--source-model", str(model)]
+    (tmp_path / "vit.tags.txt").write_text("a\nb\n")
+    assert quality.source_arguments(recipe) == ["--source-model", str(model), "--source-tags",
+                                                str(tmp_path / "vit.tags.txt")]
+    assert quality.source_arguments({"model": "resnet_small"}) == []
+    assert "source_model" not in quality.project_json(recipe, 64)
+    quality.check_recipes(["ft"], {"ft": recipe}, tmp_path)
+    with pytest.raises(quality.BenchError, match="recipe 'gone': source_model .*missing.keras is not a file"):
+        quality.check_recipes(["gone"], {"gone": {**recipe, "source_model": str(tmp_path / "missing.keras")}},
+                              tmp_path)
+
+
+def test_an_own_dataset_gives_its_tags_and_image_extensions(quality, tmp_path):
+    import sqlite3
+
+    with pytest.raises(quality.BenchError, match="dataset.sqlite is not a file"):
+        quality.own_dataset(tmp_path)
+    connection = sqlite3.connect(tmp_path / "dataset.sqlite")
+    with connection:
+        connection.execute("CREATE TABLE posts (id INTEGER PRIMARY KEY, md5 TEXT, file_ext TEXT, tag_string TEXT)")
+        connection.executemany("INSERT INTO posts VALUES (?, ?, ?, ?)",
+                               [(1, "a" * 32, "png", "x"), (2, "b" * 32, "jpg", "y"), (3, "c" * 32, "png", "x y")])
+    connection.close()
+    (tmp_path / "tags.txt").write_text("x\ny\n\n")
+    database, tags, base = quality.own_dataset(tmp_path)
+    assert database == tmp_path / "dataset.sqlite" and tags == ["x", "y"]
+    assert base["image_extensions"] == ["jpg", "png"]
+    assert quality.project_json({"model": "resnet_small"}, 64, database, base)["image_extensions"] == ["jpg", "png"]
+
+
+def test_merge_tables_runs_of_several_invocations_at_one_budget(quality, tmp_path, capsys):
+    scores = {"all": {"map": 0.4, "pr_f1": 0.2, "calibrated_macro_f1": 0.25},
+              "held_back": {"map": 0.3, "pr_f1": 0.1, "calibrated_macro_f1": 0.15}, "held_back_tags": 7}
+    first = tmp_path / "a.json"
+    first.write_text(json.dumps({"budget_seconds": 360, "runs": {"modern": _result("resnet_small", 0.1, 0.4, 0.2)}}))
+    second = tmp_path / "b.json"
+    second.write_text(json.dumps({"budget_seconds": 360, "runs": {
+        "finetune": {**_result("vit_small_patch16", 0.2, 0.5, 0.4), "held_back": scores}}}))
+    assert quality.merge([first, second], tmp_path / "out", ["x", "y"]) == 0
+    text = (tmp_path / "out" / "quality.md").read_text()
+    assert "| modern | resnet_small |" in text and "| finetune | vit_small_patch16 |" in text
+    assert "held-back" not in text  # modern's export was not scored: no half table
+    assert {p.name for p in (tmp_path / "out").glob("*.png")} == {"modern.png", "finetune.png", "curves.png",
+                                                                   "curves-map.png"}
+    first.write_text(json.dumps({"budget_seconds": 360, "runs": {
+        "modern": {**_result("resnet_small", 0.1, 0.4, 0.2), "held_back": scores}}}))
+    assert quality.merge([first, second], tmp_path / "both", ["x", "y"]) == 0
+    assert "| finetune | 0.4000 | 0.2000 | 0.2500 | 0.3000 | 0.1000 | 0.1500 | 7 |" in (
+        tmp_path / "both" / "quality.md").read_text()
+    second.write_text(json.dumps({"budget_seconds": 600, "runs": {}}))
+    assert quality.merge([first, second], tmp_path / "bad") == 2
+    assert "budgets differ ([360, 600] s)" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -2,6 +2,7 @@
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -49,21 +50,30 @@ def test_a_recipe_this_version_cannot_use_is_refused_and_nothing_written(tmp_pat
 
 def test_cli_offers_the_table_and_refuses_other_names(tmp_path):
     result = CliRunner().invoke(main, ["create-project", "--help"])
-    assert "[deepdanbooru|modern]" in result.output.replace("\n", "").replace(" ", "")
+    assert "[deepdanbooru|modern|finetune]" in result.output.replace("\n", "").replace(" ", "")
     bad = CliRunner().invoke(main, ["create-project", str(tmp_path / "p"), "--recipe", "fast"])
     assert bad.exit_code == 2 and not (tmp_path / "p").exists()
 
 
-def test_the_modern_recipe_is_a_valid_project_of_this_version(tmp_path):
-    """Every key of the modern recipe is known and valid: no unknown-key warning, no refused value."""
-    data = {**default_project_json(), **recipes.RECIPES["modern"]}
+@pytest.mark.parametrize("recipe", ["modern", "finetune"])
+def test_the_recipes_are_valid_projects_of_this_version(tmp_path, recipe):
+    """Every key of the recipe is known and valid: no unknown-key warning, no refused value."""
+    data = {**default_project_json(), **recipes.RECIPES[recipe]}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config = parse_config(data, tmp_path)
-    for key, value in recipes.RECIPES["modern"].items():
+    for key, value in recipes.RECIPES[recipe].items():
         got = getattr(config, key)
         if key == "learning_rates":  # parsed into steps
             got = [{"used_epoch": step.used_epoch, "learning_rate": step.learning_rate} for step in got]
         assert (list(got) if isinstance(got, tuple) else got) == value, key
-    result = CliRunner().invoke(main, ["create-project", str(tmp_path / "m"), "--recipe", "modern"])
+    result = CliRunner().invoke(main, ["create-project", str(tmp_path / "m"), "--recipe", recipe])
     assert result.exit_code == 0, result.output
+
+
+def test_the_finetune_recipe_is_the_fine_tuning_run_that_led_in_docs_quality():
+    """Its training values are those of the best fine-tuning run of the transfer bench (finetune_fill);
+    only the bench's own settings (its source model, the backbone that reads it, checkpoint size) differ."""
+    measured = json.loads((Path(__file__).parents[1] / "bench" / "transfer_recipes.json").read_text())["finetune_fill"]
+    bench_only = {"source_model", "model", "checkpoint_frequency_mb"}
+    assert {key: value for key, value in measured.items() if key not in bench_only} == recipes.RECIPES["finetune"]

@@ -9,7 +9,6 @@ import json
 import os
 import stat
 import tomllib
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

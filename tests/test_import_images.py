@@ -75,6 +75,11 @@ def test_caption_extension_and_a_caption_that_is_not_utf8(tmp_path):
     assert sorted(path.relative_to(dataset) for path in dataset.rglob("*")) == before
     assert len(read_posts(dataset / "dataset.sqlite")) == 1
 
+    fresh = tmp_path / "fresh"
+    result = invoke(src, fresh, "--caption-extension", ".caption")
+    assert result.exit_code == 2
+    assert not fresh.exists()
+
 
 def test_reimporting_an_edited_caption_updates_the_post(tmp_path):
     src, dataset = tmp_path / "src", tmp_path / "dataset"
@@ -243,7 +248,7 @@ def test_failure_midway_takes_back_copied_images(tmp_path, monkeypatch):
     monkeypatch.setattr(importer._Placer, "place", place)
     with pytest.raises(KeyboardInterrupt):
         importer.import_images(src, dataset, echo=lambda line: None, warn=lambda line: None)
-    assert os.listdir(dataset) == []
+    assert not dataset.exists()
 
 
 def test_existing_database_with_missing_columns(tmp_path):

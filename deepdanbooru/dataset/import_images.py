@@ -144,7 +144,7 @@ class _Placer:
         target = Path(image_path(self.images_dir, md5, ext))
         if target.is_file() and target.stat().st_size == len(data):
             return
-        for directory in (self.images_dir, target.parent):
+        for directory in (self.images_dir.parent, self.images_dir, target.parent):
             if not directory.is_dir():
                 directory.mkdir()
                 self.created_dirs.append(directory)
@@ -242,7 +242,9 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     else:
         connection, columns, known, max_id = None, POSTS_COLUMNS, {}, 0
     summary = ImportSummary(database)
-    dataset.mkdir(parents=True, exist_ok=True)
+    # The dataset folder is made by the placer (with the first picture it places), so a failure before
+    # anything is written leaves no empty folder behind.
+    dataset.parent.mkdir(parents=True, exist_ok=True)
     placer = _Placer(dataset / IMAGES_DIR, link)
     temporary = None
     try:

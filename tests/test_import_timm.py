@@ -125,7 +125,8 @@ _PLAIN = textwrap.dedent(
 def test_import_model_writes_a_plain_keras_model_with_its_tags(tmp_path):
     arguments = []
     for name in ("vit_wd", "swinv2_wd", "convnext_wd"):
-        target = tmp_path / f"{name}.keras"
+        # --save-path in a folder that does not exist yet: the folder is made.
+        target = (tmp_path / "new" / "folder" if name == "convnext_wd" else tmp_path) / f"{name}.keras"
         result = run_cli("import-model", FIXTURES / name, "--output", target)
         assert result.exit_code == 0, result.output
         assert "Channel order the weights expect: bgr: selected_tags.csv marks a WD tagger" in result.output
@@ -148,6 +149,9 @@ def test_import_model_writes_a_plain_keras_model_with_its_tags(tmp_path):
         assert np.abs(np.load(tmp_path / f"{name}.npy") - timm_scores(FIXTURES / name)).max() < TOLERANCE
     again = run_cli("import-model", FIXTURES / "vit_wd", "--save-path", tmp_path / "vit_wd.keras")
     assert again.exit_code == 2 and "vit_wd.keras: already exists; use --overwrite" in again.output
+    under_a_file = run_cli("import-model", FIXTURES / "vit_wd", "--save-path", tmp_path / "vit_wd.tags.txt" / "m.keras")
+    assert under_a_file.exit_code == 2
+    assert under_a_file.output == f"error: {tmp_path / 'vit_wd.tags.txt'}: is not a folder; give a path inside a folder\n"
 
 
 def _copy(name, tmp_path) -> Path:
@@ -203,7 +207,8 @@ def test_bad_checkpoint_gets_one_line_and_nothing_written(case, tmp_path):
     spoil(folder)
     out = tmp_path / "out"
     out.mkdir()
-    result = run_cli("import-model", folder, "--save-path", out / "m.keras")
+    # The destination's folder is missing: a refused import must not make it.
+    result = run_cli("import-model", folder, "--save-path", out / "missing" / "m.keras")
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output

@@ -40,8 +40,9 @@ def check_destination(path, overwrite: bool) -> Path:
     if path.suffix.lower() != SUFFIX:
         raise ModelError(file_field(path, None, f"the model is written as a Keras file: give a name ending in "
                                                 f"{SUFFIX}"))
-    if not path.parent.is_dir():
-        raise ModelError(file_field(path.parent, None, "folder does not exist"))
+    folder = next((parent for parent in path.parents if parent.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise ModelError(file_field(folder, None, "is not a folder; give a path inside a folder"))
     if not overwrite:
         for existing in (path, *beside(path)):
             if existing.exists():
@@ -61,6 +62,8 @@ def import_model(source, save_path, channel_order=None, overwrite=False, echo=pr
          f"(mean {list(imported.source.mean)} and std {list(imported.source.std)} folded in)")
     echo(f"Channel order the weights expect: {imported.channel_order_reason} (--channel-order to change)")
     tags_path, categories_path = beside(path)
+    # A missing folder is made only now, once the checkpoint has been read, so bad input leaves nothing behind.
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(tags_path, "".join(f"{tag}\n" for tag in imported.tags))
     if imported.categories is not None:
         write_text_atomic(categories_path, json.dumps(categories_json(imported.categories), indent=2) + "\n")

@@ -334,5 +334,5 @@ def test_source_model_must_match_input_and_tags(tmp_path, sample_dataset):
     build_model("resnet_small", (48, 32, 3), 17).save(wrong_input)
     with pytest.raises(ModelError, match=r"input.keras: input: model input is \(48, 32, 3\)"):
         train_project(project, source_model=wrong_input, echo=lambda *_: None)
-    with pytest.raises(ModelError, match="missing.keras: --source-model file not found"):
+    with pytest.raises(ModelError, match=r"missing.keras: --source-model not found \(give a .keras/.h5 file or a timm checkpoint folder\)"):
         train_project(project, source_model=tmp_path / "missing.keras", echo=lambda *_: None)

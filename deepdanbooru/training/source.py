@@ -52,7 +52,8 @@ def read_source_model(path, source_tags=None) -> SourceModel:
         return SourceModel(path, _spelled(tags, categories), categories, source.input_size, folder=True,
                            architecture=source.architecture)
     if not path.is_file():
-        raise ModelError(file_field(path, None, "--source-model file not found"))
+        raise ModelError(file_field(path, None, "--source-model not found (give a .keras/.h5 file or a timm "
+                                                "checkpoint folder)"))
     tags = source_model_tags(path, source_tags)
     categories = _categories_beside(path, tags)
     return SourceModel(path, _spelled(tags, categories), categories)

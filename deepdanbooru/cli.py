@@ -194,7 +194,14 @@ def make_sample_dataset(directory, count, size, seed, image_format, preset, over
     else:
         click.echo(f"Wrote {count} posts with {len(tags)} tags: {database}")
     click.echo(f"Vocabulary: {database.parent / 'tags.txt'}")
-    click.echo(f"Use it in a project: set database_path to {database.resolve()} and copy tags.txt beside project.json")
+    from deepdanbooru.sample.generator import project_using
+
+    project = project_using(database)
+    if project is not None:
+        click.echo(f"{project / 'project.json'} already uses it; next: deepdanbooru train-project {project}")
+    else:
+        click.echo(f"Use it in a project: set database_path to {database.resolve()} and copy tags.txt beside "
+                   "project.json")
 
 
 _GROUP_DUPLICATES = click.option(

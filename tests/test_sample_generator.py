@@ -1,3 +1,4 @@
+from pathlib import Path
 import hashlib
 import sqlite3
 
@@ -152,6 +153,20 @@ def test_cli_make_sample_dataset(tmp_path):
     assert "already exists; use --overwrite" in again.output
     bad = CliRunner().invoke(main, ["make-sample-dataset", str(target), "--format", "tiff"])
     assert bad.exit_code == 2 and "tiff" in bad.output
+    assert f"Use it in a project: set database_path to {(target / 'dataset.sqlite').resolve()}" in result.output
+
+
+def test_the_sample_project_layout_is_not_told_to_set_its_own_keys(tmp_path):
+    import shutil
+
+    project = tmp_path / "sample-project"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "sample-project", project,
+                    ignore=shutil.ignore_patterns("dataset", "checkpoints", "logs", "*.keras"))
+    result = CliRunner().invoke(main, ["make-sample-dataset", str(project / "dataset"), "--count", "4", "--size", "16"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == (f"{project / 'project.json'} already uses it; "
+                                              f"next: deepdanbooru train-project {project}")
+    assert "set database_path" not in result.output
 
 
 def test_rerunning_the_command_with_the_same_options_keeps_the_dataset(tmp_path):

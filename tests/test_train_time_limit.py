@@ -95,7 +95,7 @@ def test_the_eta_counts_to_the_time_limit_when_that_comes_first():
     assert report.eta(30.0, 300) == pytest.approx(170.0)
 
 
-# Two epochs of two slices (24 records, batch 4, 3 minibatches a slice), with the issue-17 augmentation on:
+# Two epochs of two slices (24 records, batch 4, 3 minibatches a slice), with flips, crops and mixup on:
 # its random draws must also come back the same after a resume.
 CHAIN = dict(checkpoint_frequency_mb=3, horizontal_flip=True, crop_area_range=[0.8, 1.0], mixup=0.4)
 EXPORTS = ["model-resnet_small.e1.keras", "model-resnet_small.e2.keras", "model-resnet_small.keras"]

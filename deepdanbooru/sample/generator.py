@@ -313,12 +313,13 @@ def existing_recipe(directory) -> dict | None:
 def project_using(database: Path) -> Path | None:
     """The project folder just above the dataset whose project.json already reads DATABASE (the sample
     project's own layout), so the advice after generating does not ask for keys that are already set."""
-    project = Path(database).resolve().parent.parent
+    resolved = Path(database).resolve()
+    project = resolved.parent.parent
     try:
         config = json.loads((project / "project.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     path = config.get("database_path") if isinstance(config, dict) else None
-    if not isinstance(path, str) or not (project / "tags.txt").is_file():
+    if not isinstance(path, str) or not (project / "tags.txt").is_file() or (project / path).resolve() != resolved:
         return None
-    return Path(database).parent.parent if (project / path).resolve() == Path(database).resolve() else None
+    return Path(database).parent.parent

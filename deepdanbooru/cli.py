@@ -282,11 +282,12 @@ def import_images(src, dataset, link, extensions, group_duplicates, project_path
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
     A caption file IMAGE.txt (or IMAGE.ext.txt) holds comma-separated tags
-    (then line breaks also separate), one tag a line, or space-separated tags.
-    Prompt weights such as (masterpiece:1.2) are stripped, tags lower-cased,
-    inner spaces become underscores and prompt-style \\( \\) escapes are
-    undone. Writes DATASET/dataset.sqlite (new ids after the largest existing
-    one) and DATASET/images/<md5[0:2]>/<md5>.<ext> named by the real MD5 of
+    (then line breaks also separate), one tag a line, or space-separated tags
+    (a lone 'white background,' is one tag). Prompt weights such as
+    (masterpiece:1.2) are stripped, tags lower-cased, inner spaces become
+    underscores and backslash escapes (\\( \\) \\,) are undone; evaluate
+    --save-txt writes the same grammar. Writes DATASET/dataset.sqlite (new
+    ids after the largest existing one) and DATASET/images/<md5[0:2]>/<md5>.<ext> named by the real MD5 of
     the bytes, with file_ext from the detected format. An image already in
     DATASET whose caption changed gets the new tags. Duplicates (same bytes)
     and images without tags are skipped and counted; unreadable images are
@@ -409,11 +410,13 @@ def _exit_if_skipped(summary):
               help="Threshold of the character tags (categories.json beside tags.txt says which).")
 @click.option("--undesired-tags", default="", metavar="TAG,TAG", help="Comma-separated tags never reported.")
 @click.option("--order-by-score", is_flag=True, help="List each image's tags highest score first (not tags.txt order).")
-@click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2'); "
+@click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2', "
+                                               "read back by import-images as the same tags); "
                                                "an existing caption file needs --overwrite or --append.")
 @click.option("--caption-extension", default=".txt", show_default=True, help="With --save-txt: the caption files' extension.")
 @click.option("--overwrite", is_flag=True, help="With --save-txt: replace caption files already there.")
-@click.option("--append", is_flag=True, help="With --save-txt: add the tags a caption file does not hold yet to it.")
+@click.option("--append", is_flag=True, help="With --save-txt: add the tags a caption file does not hold yet to it "
+                                             "(written back as 'tag1, tag2').")
 @click.option("--remove-underscore", is_flag=True,
               help="With --save-txt: write 'long hair' for long_hair (tags of 3 characters or fewer, such as ^_^, kept).")
 @_ALLOW_GPU

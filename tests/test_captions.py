@@ -1,8 +1,11 @@
 """Caption files: reading them, spelling tags in them, appending to them (no TensorFlow)."""
 
+import random
+
 import pytest
 
-from deepdanbooru.captions import CaptionError, caption_extension, read_caption, strip_weight, tag_key
+from deepdanbooru.captions import (CaptionError, append_caption, caption_extension, format_caption, parse_caption,
+                                   read_caption, strip_weight, tag_key, write_tag)
 from deepdanbooru.inference.caption_files import CaptionOptions, caption_text, existing_captions
 
 
@@ -48,3 +51,89 @@ def test_existing_captions_are_refused_read_or_replaced(tmp_path):
         CaptionOptions(overwrite=True, append=True).check(save_txt=True)
     with pytest.raises(CaptionError, match="--overwrite, --caption-extension: only used with --save-txt"):
         CaptionOptions(overwrite=True, extension=".caption").check(save_txt=False)
+
+
+# --- one grammar for writing and reading ---
+
+TRICKY = ["long_hair", "1girl", "white background", "^_^", "o_o", ">_<", "(o)_(o)", "saber_(fate)", "(9)", "(:",
+          ":)", "[lowres:0.8]", "(masterpiece:1.2)", "((best quality))", "{x}", "\\m/", "a\\", "\\(", "\\\\",
+          "x\\,y", "a,b", ",", ", ,", "rating:general", ":d", "a__b", "_a", "b_", "____", "星空", "Ünïcödé", "ß",
+          "café au lait", "a\u3000b", "\xa0", " ", "_", "Long_Hair", "LONG HAIR", "évery_tag_(série)"]
+PIECES = ["a", "b", "hair", "_", " ", "  ", "(", ")", "[", "]", "{", "}", "\\", ",", ":", "1.2", "星", "É", "\u3000",
+          "^", "'", "\""]
+SEPARATORS = [", ", ",", " ,", "\n", "\r\n", " ", "\t", "\n\n", ",\n", "\u2028", "  "]
+
+
+def read_back(tag):
+    """The tag a caption gives back for `tag`: lower-cased, inner whitespace as underscores."""
+    return "_".join(tag.lower().split())
+
+
+def expected(tags):
+    return list(dict.fromkeys(tag for tag in map(read_back, tags) if tag))
+
+
+def random_tag(rng):
+    if rng.random() < 0.4:
+        return rng.choice(TRICKY)
+    return "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 5)))
+
+
+def random_caption(rng):
+    """Text such as people and tools write: tags or fragments between any separators."""
+    parts = [rng.choice([random_tag(rng), rng.choice(TRICKY).replace(" ", "_")]) for _ in range(rng.randint(0, 5))]
+    text = ""
+    for part in parts:
+        text += part + rng.choice(SEPARATORS)
+    return text if rng.random() < 0.5 else text.rstrip()
+
+
+def test_what_is_written_reads_back_as_the_same_tags():
+    rng = random.Random(20240607)
+    for _ in range(3000):
+        tags = [random_tag(rng) for _ in range(rng.randint(0, 6))]
+        remove_underscore = rng.random() < 0.5
+        text = format_caption(tags, remove_underscore)
+        assert parse_caption(text) == expected(tags), (tags, remove_underscore, text)
+        for tag in tags:  # one tag alone, the caption most likely to be misread
+            assert parse_caption(format_caption([tag], remove_underscore)) == expected([tag]), (tag, remove_underscore)
+
+
+def test_appending_reads_back_as_the_caption_s_tags_then_the_new_ones():
+    rng = random.Random(7)
+    for _ in range(3000):
+        existing = random_caption(rng)
+        tags = [random_tag(rng) for _ in range(rng.randint(0, 4))]
+        remove_underscore = rng.random() < 0.5
+        text = append_caption(existing, tags, remove_underscore)
+        assert parse_caption(text) == list(dict.fromkeys(parse_caption(existing) + expected(tags))), (
+            existing, tags, remove_underscore, text)
+        if set(expected(tags)) <= set(parse_caption(existing)):
+            assert text == existing
+
+
+def test_the_cases_that_used_to_read_back_wrong():
+    # A whitespace-separated caption is read, not glued to the first new tag.
+    text = append_caption("1girl long_hair smile", ["white_background", "smile", "1girl"])
+    assert text == "1girl, long_hair, smile, white_background"
+    assert parse_caption(text) == ["1girl", "long_hair", "smile", "white_background"]
+    assert append_caption("1girl long_hair smile\n", ["long hair"]) == "1girl long_hair smile\n"
+    # One tag holding a space ends with a comma, so it stays one tag; without a space it stands alone.
+    assert format_caption(["white_background"], remove_underscore=True) == "white background,"
+    assert parse_caption("white background,") == ["white_background"]
+    assert format_caption(["red"]) == "red" and format_caption([]) == ""
+    # One tag a line stays one tag a line.
+    assert append_caption("long hair\nmy cat\n", ["blue eyes"], True) == "long hair\nmy cat\nblue eyes\n"
+
+
+def test_commas_brackets_and_backslashes_are_escaped_where_reading_would_change_them():
+    assert write_tag("a,b") == "a\\,b" and parse_caption("a\\,b, c") == ["a,b", "c"]
+    assert write_tag("(masterpiece:1.2)") == "\\(masterpiece:1.2)"  # not a prompt weight
+    assert write_tag("saber_(fate)") == "saber_(fate)" and write_tag("\\m/") == "\\m/"
+    assert write_tag("a\\") == "a\\\\" and parse_caption("a\\\\, b") == ["a\\", "b"]
+    assert parse_caption("saber \\(fate\\), \\[x\\]") == ["saber_(fate)", "[x]"]
+    # Underscores become spaces only where reading gives them back, and not in short emoticons.
+    assert [write_tag(tag, True) for tag in ("long_hair", "^_^", "a__b", "_abc", "x_ y")] == [
+        "long hair", "^_^", "a__b", "_abc", "x_ y"]
+    with pytest.raises(CaptionError, match="holds a line break"):
+        write_tag("a\nb")

@@ -297,6 +297,26 @@ def test_append_to_a_caption_that_is_not_utf8_changes_nothing(project, images):
     assert not images["red"].with_suffix(".txt").exists()
 
 
+def test_captions_written_by_save_txt_are_what_import_images_reads(project, images, tmp_path):
+    """--append to a whitespace-separated caption, and one tag holding a space, read back tag for tag."""
+    import sqlite3
+
+    (project / "tags.txt").write_text("white_background\ngreen\nblue\n")  # red scores white_background
+    spaced = images["yellow"].with_suffix(".txt")
+    spaced.write_text("1girl long_hair green\n")
+    result = run_cli("evaluate", images["red"], images["yellow"], "--project-path", project, "--save-txt",
+                     "--append", "--remove-underscore")
+    assert result.exit_code == 0, result.output
+    assert spaced.read_text() == "1girl, long_hair, green, white background\n"
+    assert images["red"].with_suffix(".txt").read_text() == "white background,"
+    dataset = tmp_path / "dataset"
+    result = run_cli("import-images", images["red"].parent, dataset)
+    assert result.exit_code == 0, result.output
+    with sqlite3.connect(dataset / "dataset.sqlite") as connection:
+        posts = connection.execute("SELECT tag_string FROM posts ORDER BY id").fetchall()
+    assert posts == [("white_background",), ("1girl long_hair green white_background",)]
+
+
 def test_category_thresholds_undesired_tags_order_and_underscores(project, tmp_path):
     teal = solid(tmp_path / "teal.png", (0, 153, 255))  # green 0.881, blue 0.99995
     (project / "tags.txt").write_text("red\nlong_hair\nblue_eyes\n")

@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
+from deepdanbooru.captions import parse_caption
 from deepdanbooru.cli import main
 from deepdanbooru.dataset.records import load_records
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.dataset import import_images as importer
-from deepdanbooru.dataset.import_images import parse_sidecar
 
 
 def image_bytes(fmt, color=(200, 30, 30), size=(32, 24), mode="RGB"):
@@ -43,19 +43,19 @@ def invoke(*args):
     return CliRunner().invoke(main, ["import-images", *map(str, args)])
 
 
-def test_parse_sidecar():
-    assert parse_sidecar("1girl, Long Hair,  blue sky\n") == ["1girl", "long_hair", "blue_sky"]
-    assert parse_sidecar("1girl long_hair  smile\n") == ["1girl", "long_hair", "smile"]
-    assert parse_sidecar("a, b\nc d, a") == ["a", "b", "c_d"]
-    assert parse_sidecar("saber \\(fate\\), rating:general") == ["saber_(fate)", "rating:general"]
-    assert parse_sidecar(" \n , ,") == []
+def test_parse_caption():
+    assert parse_caption("1girl, Long Hair,  blue sky\n") == ["1girl", "long_hair", "blue_sky"]
+    assert parse_caption("1girl long_hair  smile\n") == ["1girl", "long_hair", "smile"]
+    assert parse_caption("a, b\nc d, a") == ["a", "b", "c_d"]
+    assert parse_caption("saber \\(fate\\), rating:general") == ["saber_(fate)", "rating:general"]
+    assert parse_caption(" \n , ,") == []
 
 
 def test_one_tag_a_line_and_prompt_weights():
-    assert parse_sidecar("long hair\nblue eyes\n\nsmile\n") == ["long_hair", "blue_eyes", "smile"]
-    assert parse_sidecar("(masterpiece:1.2), ((best quality)), [lowres:0.8], (saber \\(fate\\):1.1), 1girl") == [
+    assert parse_caption("long hair\nblue eyes\n\nsmile\n") == ["long_hair", "blue_eyes", "smile"]
+    assert parse_caption("(masterpiece:1.2), ((best quality)), [lowres:0.8], (saber \\(fate\\):1.1), 1girl") == [
         "masterpiece", "best_quality", "lowres", "saber_(fate)", "1girl"]
-    assert parse_sidecar("(masterpiece:1.2) 1girl") == ["masterpiece", "1girl"]
+    assert parse_caption("(masterpiece:1.2) 1girl") == ["masterpiece", "1girl"]
 
 
 def test_caption_extension_and_a_caption_that_is_not_utf8(tmp_path):

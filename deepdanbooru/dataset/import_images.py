@@ -10,7 +10,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shlex
 import sqlite3
 import warnings
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from deepdanbooru.captions import DEFAULT_EXTENSION, caption_extension, read_caption, strip_weight
+from deepdanbooru.captions import DEFAULT_EXTENSION, caption_extension, parse_caption, read_caption
 from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
@@ -51,28 +50,6 @@ class ImportSummary:
     updated: list[tuple[Path, int]] = field(default_factory=list)  # (path, post id) whose caption changed
     few_tags: int = 0
     wider_formats: dict[str, int] = field(default_factory=dict)  # file_ext -> images not in the default formats
-
-
-def parse_sidecar(text: str) -> list[str]:
-    """Tags of a captioning/tagging tool's caption file.
-
-    Commas (and then line breaks) separate if there is a comma; else a file of
-    several lines holds one tag a line; else whitespace separates. Prompt
-    weights (`(masterpiece:1.2)`) are stripped, then tags lower-cased, inner
-    spaces made underscores (Danbooru spelling), `\\(`/`\\)` escapes of prompt
-    tools undone, duplicates dropped, first order kept.
-    """
-    lines = [line for line in text.splitlines() if line.strip()]
-    parts = re.split(r"[,\r\n]+", text) if "," in text else lines if len(lines) > 1 else text.split()
-    tags: list[str] = []
-    seen: set[str] = set()
-    for part in parts:
-        part = strip_weight(part.strip()).replace("\\(", "(").replace("\\)", ")")
-        tag = "_".join(part.lower().split())
-        if tag and tag not in seen:
-            seen.add(tag)
-            tags.append(tag)
-    return tags
 
 
 def parse_extensions(text) -> tuple[str, ...]:
@@ -318,7 +295,7 @@ def _collect(images, src, known: dict, max_id: int, placer: _Placer, summary: Im
         if sidecar is None:
             summary.untagged.append((path, f"no {caption_ext} sidecar"))
             continue
-        tags = parse_sidecar(read_caption(sidecar))
+        tags = parse_caption(read_caption(sidecar))
         if not tags:
             summary.untagged.append((path, f"{sidecar.name} holds no tags"))
             continue

@@ -6,18 +6,14 @@ loads, so a refusal or an unreadable file stops the run before anything is writt
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepdanbooru.captions import DEFAULT_EXTENSION, CaptionError, caption_extension, read_caption, tag_key
+from deepdanbooru.captions import (DEFAULT_EXTENSION, CaptionError, append_caption, caption_extension, format_caption,
+                                   read_caption)
 from deepdanbooru.errors import file_field
 from deepdanbooru.inference.targets import sidecar_path
 from deepdanbooru.wording import plural
-
-# Emoticon tags such as ^_^ or o_o keep their underscores (the convention of captioning tools).
-_SHORTEST_SPACED = 4
-
 
 @dataclass(frozen=True)
 class CaptionOptions:
@@ -65,28 +61,11 @@ def existing_captions(images, options: CaptionOptions) -> dict[Path, str]:
     return existing
 
 
-def spell(tag: str, remove_underscore: bool) -> str:
-    return tag.replace("_", " ") if remove_underscore and len(tag) >= _SHORTEST_SPACED else tag
-
-
 def caption_text(tags, existing: str | None = None, remove_underscore: bool = False) -> str:
     """'tag1, tag2'; appended to `existing` without the tags it already holds (in any spelling).
 
-    A file that lists one tag per line gets the new tags one per line too.
+    Written and read with the one caption grammar of deepdanbooru.captions, which import-images reads with.
     """
-    new = [spell(tag, remove_underscore) for tag in tags]
     if existing is None:
-        return ", ".join(new)
-    body = existing.rstrip()
-    held = {tag_key(part) for part in re.split(r"[,\r\n]+", body)}
-    additions = []
-    for tag in new:
-        if tag_key(tag) not in held:
-            held.add(tag_key(tag))
-            additions.append(tag)
-    if not additions:
-        return existing
-    separator = "\n" if "," not in body and "\n" in body else ", "
-    joined = separator.join(additions)
-    glue = "" if not body else " " if body.endswith(",") else separator
-    return body + glue + joined + existing[len(body):]
+        return format_caption(tags, remove_underscore)
+    return append_caption(existing, tags, remove_underscore)

@@ -4,6 +4,7 @@ import io
 from pathlib import Path
 
 from deepdanbooru.training.monitors import (
+    BadImages,
     ConsoleMonitor,
     Progress,
     ProgressBarMonitor,
@@ -81,3 +82,25 @@ def test_progress_bar_only_on_a_terminal():
 def test_default_order_puts_the_bar_first():
     monitors = default_monitors(echo=lambda *_: None, stream=io.StringIO())
     assert [type(m) for m in monitors] == [ProgressBarMonitor, ConsoleMonitor]
+
+
+def test_bad_pictures_of_a_slice_make_one_console_line_naming_the_first_few():
+    lines = []
+    console = ConsoleMonitor(lines.append)
+    log = Path("p/logs/bad_images.txt")
+    entries = [(position, f"img/{position}.jpg", "truncated: jpeg of 9 bytes ends early") for position in range(40, 50)]
+    console.on_bad_images(BadImages(2, 40, 79, 10, entries, log))
+    assert lines == ["warning: 10 pictures of records 40..79 in epoch 2 could not be read and were skipped: "
+                     "img/40.jpg (truncated), img/41.jpg (truncated), img/42.jpg (truncated), and 7 more; "
+                     "p/logs/bad_images.txt lists them with the reasons"]
+    # A worker that does not write the log knows only the count.
+    console.on_bad_images(BadImages(1, 0, 39, 1, [], log))
+    assert lines[-1] == ("warning: 1 picture of records 0..39 in epoch 1 could not be read and was skipped; "
+                         "p/logs/bad_images.txt lists it with the reasons")
+    terminal = Terminal()
+    bar = ProgressBarMonitor(terminal)
+    bar.on_train_begin(_run())
+    bar.on_step(Progress(0, 1, 4, 0, 0, 2, 100), 50)
+    drawn = terminal.getvalue()
+    bar.on_bad_images(BadImages(1, 0, 39, 1, [], log))
+    assert terminal.getvalue() == drawn + "\r\x1b[K"

@@ -293,18 +293,24 @@ def test_all_images_bad(tmp_path, sample_dataset):
 
 def test_bad_fraction_over_the_limit(tmp_path, sample_dataset):
     database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
-    next((database.parent / "images").rglob("*.jpg")).write_bytes(b"\xff\xd8\xff truncated")
+    corrupt = next((database.parent / "images").rglob("*.jpg"))
+    corrupt.write_bytes(b"\xff\xd8\xff truncated")
     project = make_project(tmp_path / "p", database, tags, max_bad_image_fraction=0.01)
     with pytest.raises(TrainingError, match=r"1 of \d+ images in epoch 1 failed to load, more than "
                                             r"max_bad_image_fraction 0.01"):
         train_project(project, echo=lambda *_: None)
-    # With a tolerant limit the same data trains, and the bad image is named in the log.
+    # With a tolerant limit the same data trains, and the bad image is named in the log and on the console.
     set_config(project, max_bad_image_fraction=0.1, epoch_count=1)
-    train_project(project, echo=lambda *_: None)
+    lines = []
+    train_project(project, echo=lines.append)
     state = read_state(project)
     assert state["used_sample"] == 23 and state["used_minibatch"] == 6
     log = (project / "logs" / "bad_images.txt").read_text().splitlines()
     assert log and all("cannot be decoded" in line for line in log)
+    warnings = [line for line in lines if line.startswith("warning: 1 picture of records")]
+    assert len(warnings) == 1, lines
+    assert warnings[0].endswith(f"in epoch 1 could not be read and was skipped: {corrupt} (cannot be decoded); "
+                                f"{project / 'logs' / 'bad_images.txt'} lists it with the reasons")
 
 
 def test_live_lock_refuses_a_second_run(tmp_path, sample_dataset):

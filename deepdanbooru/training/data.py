@@ -103,6 +103,11 @@ class WholeSlice:
     def finish(self) -> int:
         return self.tracker.finish(self.start, self.count)
 
+    @property
+    def bad_entries(self) -> list:
+        """(position, path, reason) of the pictures `finish` found bad."""
+        return self.tracker.last_bad
+
 
 class ShardedSlice:
     """WholeSlice's interface for one worker's shard of a slice in a cluster."""
@@ -113,6 +118,7 @@ class ShardedSlice:
         self.start, self.count = start, stop - start
         self.expected = np.zeros(0, np.int64)
         self.gaps = PositionGaps()
+        self.bad_entries: list = []  # (position, path, reason) of the bad pictures, on the chief (which logs them)
 
         def dataset(context):
             positions = start + shard_offsets(self.count, options.batch_size, context.num_input_pipelines,
@@ -139,6 +145,7 @@ class ShardedSlice:
             tracker = self.epoch.tracker(self.options.max_image_pixels)
             tracker.observe(np.setdiff1d(np.arange(self.start, self.start + self.count), missing))
             tracker.finish(self.start, self.count)
+            self.bad_entries = tracker.last_bad
         return len(missing)
 
 

@@ -6,7 +6,8 @@ passed to one event are shared by the monitors of that call, Keras-callback
 style, so a monitor placed earlier (the best-model saver) can leave a note
 that one placed later (the console) prints.
 
-Order of events around a checkpoint: on_validation (when the slice is due
+Order of events around a checkpoint: on_bad_images (when the trained slice
+had pictures that could not be used), on_validation (when the slice is due
 for one), before_checkpoint, the checkpoint is written, on_slice_end (same
 `logs` as before_checkpoint, which holds the learning rate in force and,
 after the save, checkpoint_seconds). Whatever a monitor must not lose to a kill
@@ -24,6 +25,9 @@ from typing import Any
 
 from deepdanbooru.project.resume import describe_resume_point
 from deepdanbooru.training.schedule import validation_trigger
+from deepdanbooru.wording import plural
+
+NAMED_BAD_IMAGES = 3  # pictures a console line names before it only counts the rest
 
 
 @dataclass
@@ -103,6 +107,18 @@ class ValidationReport:
         return {key: value for key, value in self.result.items() if key != "per_tag"}
 
 
+@dataclass
+class BadImages:
+    """The pictures of one slice that could not be used: left out of training and logged."""
+
+    epoch: int  # 1-based
+    first: int  # the slice's epoch positions first..last
+    last: int
+    count: int
+    entries: list  # (position, path, reason) as logged; empty where this process does not log them
+    log_path: Path
+
+
 class Monitor:
     """Base class: override the events you need; every method is a no-op here."""
 
@@ -131,6 +147,9 @@ class Monitor:
 
     def before_checkpoint(self, progress: Progress, logs: dict) -> None:
         """A slice is trained; make durable now what must survive with the checkpoint about to be written."""
+
+    def on_bad_images(self, bad: BadImages) -> None:
+        """A slice is trained and some of its pictures could not be used (they are in bad.log_path already)."""
 
     def on_slice_end(self, progress: Progress, checkpoint: str, logs: dict) -> None:
         pass
@@ -230,6 +249,16 @@ class ConsoleMonitor(Monitor):
         if best:
             line += f"; new best {best['metric']}, saved {Path(best['path']).name}"
         self.echo(line)
+
+    def on_bad_images(self, bad):
+        """One line a slice, however many pictures: the first few named, the rest counted, all in the log."""
+        named = [f"{path} ({reason.split(':', 1)[0]})" for _, path, reason in bad.entries[:NAMED_BAD_IMAGES]]
+        if named and bad.count > len(named):
+            named.append(f"and {bad.count - len(named):,} more")
+        which = f": {', '.join(named)}" if named else ""
+        self.echo(f"warning: {plural(bad.count, 'picture')} of records {bad.first}..{bad.last} in epoch {bad.epoch} "
+                  f"could not be read and {'was' if bad.count == 1 else 'were'} skipped{which}; "
+                  f"{bad.log_path} lists {'it' if bad.count == 1 else 'them'} with the reasons")
 
     def on_slice_end(self, progress, checkpoint, logs):
         took = logs.get("checkpoint_seconds")
@@ -357,6 +386,9 @@ class ProgressBarMonitor(Monitor):
         self._clear()
 
     def on_validation(self, report, logs):
+        self._clear()
+
+    def on_bad_images(self, bad):
         self._clear()
 
     def on_slice_end(self, progress, checkpoint, logs):

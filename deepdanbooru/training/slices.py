@@ -7,6 +7,7 @@ import numpy as np
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.pipeline import TrainingInput
 from deepdanbooru.training.data import Epoch, shard_reader, slice_input
+from deepdanbooru.training.monitors import BadImages
 
 
 class SliceRunner:
@@ -43,6 +44,10 @@ class SliceRunner:
                 self.check_finite()
                 self.report.log(position)
         bad = source.finish()
+        if bad:
+            report = BadImages(c.used_epoch + 1, start, stop - 1, bad, source.bad_entries, self.paths.bad_images)
+            for monitor in self.monitors:
+                monitor.on_bad_images(report)
         self.check_finite()
         if steps == 0:
             raise TrainingError(file_field(

@@ -355,6 +355,11 @@ def test_two_workers_train_like_one_process(reference, two_workers, dataset):
     assert bad_lines == (single / "logs" / "bad_images.txt").read_text().splitlines()
     assert bad_lines == [f"epoch 1\t{position}\t{path}\tempty file (0 bytes)"
                          for position, path in zip((5, 6, 7), dataset[2])]
+    # Both say that the slice lost three pictures; the chief, which logs them, names them too.
+    named = ", ".join(f"{path} (empty file (0 bytes))" for path in dataset[2])
+    for out, which in ((chief, f": {named}; "), (worker, "; ")):
+        assert re.search(r"warning: 3 pictures of records 0\.\.\d+ in epoch 1 could not be read and were skipped"
+                         + re.escape(which), out), out[-3000:]
     assert _max_difference(single / FINAL, project / FINAL) < TOLERANCE
 
 

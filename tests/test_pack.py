@@ -169,7 +169,8 @@ def test_preflight_passes_a_project_training_from_shards_without_its_originals(p
     plan, _, batches = _datasets(project, shards=True)
     assert sorted(np.concatenate([batch["position"] for batch in batches]).tolist()) == list(range(24))
 
-    # Validation still reads the original files: with a split, their absence fails as without shards.
+    # Validation still reads the original files: with a split, their absence fails as without shards (and
+    # train-project stops at the first validation: none of the validation images could be read).
     set_config(project, validation_fraction=0.3)  # the shards hold every eligible post: still current
     results = preflight(project)
     assert failed(results) == ["images"]
@@ -177,7 +178,7 @@ def test_preflight_passes_a_project_training_from_shards_without_its_originals(p
     plan = plan_training(project)
     assert plan.shards is not None and len(plan.validation)
     first = plan.validation.paths()[0]
-    assert f"{first}: file not found" in results["images"][1]
+    assert f"{first}: file not found (a validation post: validation reads its original file)" in results["images"][1]
     assert f"{len(plan.validation)} unusable among all 24 eligible images" in results["images"][1]
 
 

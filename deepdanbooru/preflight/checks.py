@@ -253,6 +253,8 @@ def check_images(run: Run):
     bad, mismatched = [], []
     formats, sizes = Counter(), set()
     checked = packed = 0
+    # With shards only validation posts are read from their files: say so, or a deleted original puzzles.
+    original = " (a validation post: validation reads its original file)" if run.shards is not None else ""
     for row_id, md5, ext, _ in run.sample:
         if _unsafe_row(row_id, md5):
             continue  # named by the md5 check; never turned into a path
@@ -269,10 +271,10 @@ def check_images(run: Run):
         try:
             info = inspect_image(path)
         except BadImage as error:
-            bad.append(f"id {row_id} {path}: {error.reason}")
+            bad.append(f"id {row_id} {path}: {error.reason}{original}")
             continue
         if info.pixels > config.max_image_pixels:
-            bad.append(f"id {row_id} {path}: {too_large(info, config.max_image_pixels)}")
+            bad.append(f"id {row_id} {path}: {too_large(info, config.max_image_pixels)}{original}")
             continue
         # A mismatch still decodes, but deserves a word.
         if str(ext).lower() not in stored_extensions(info.format):

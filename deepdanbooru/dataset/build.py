@@ -363,18 +363,7 @@ def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrit
         raise TagsError(file_field(target, None,
                                    f"not written: no tag occurs in {minimum_post_count} or more of the "
                                    f"{counted} of {database}; lower --minimum-post-count"))
-    content = "".join(f"{tag}\n" for tag in tags)
-    kept = trained = None
-    if target.exists() and target.resolve() == paths.tags.resolve() and target.read_bytes() != content.encode():
-        trained = trained_with_tags(paths)
-    if trained and not allow_trained:
-        raise TagsError(file_field(target, None, (
-            f"not replaced: {trained.describe()} were trained with it, and with other tags "
-            f"{trained.consequences()}; for other tags start a new project (create-project, then make-tags "
-            "there), or add --allow-trained to replace it anyway (the current file is kept beside it)")))
-    if trained:
-        kept = keep_copy(target)
-    write_text_atomic(target, content)
+    trained, kept = _write_tags(target, "".join(f"{tag}\n" for tag in tags), paths, allow_trained)
 
     total_posts = _count_posts(database)
     n_system = sum(1 for tag in tags if is_system_tag(tag))
@@ -391,6 +380,23 @@ def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrit
             echo(f"train-project refuses to resume from {trained.checkpoints} with the new tags: move that folder "
                  f"away to start fresh, or put {kept.name} back as {target.name} to resume")
     return tags
+
+
+def _write_tags(target: Path, content: str, paths, allow_trained: bool):
+    """Write `content` to `target`; (what was trained with the old file, the copy kept of it), both None when
+    the project's own tags.txt did not change or nothing was trained with it. Refused without allow_trained."""
+    if not (target.exists() and target.resolve() == paths.tags.resolve() and target.read_bytes() != content.encode()):
+        write_text_atomic(target, content)
+        return None, None
+    trained = trained_with_tags(paths)
+    if trained and not allow_trained:
+        raise TagsError(file_field(target, None, (
+            f"not replaced: {trained.describe()} were trained with it, and with other tags "
+            f"{trained.consequences()}; for other tags start a new project (create-project, then make-tags "
+            "there), or add --allow-trained to replace it anyway (the current file is kept beside it)")))
+    kept = keep_copy(target) if trained else None
+    write_text_atomic(target, content)
+    return (trained or None), kept
 
 
 def _count_posts(database) -> int:

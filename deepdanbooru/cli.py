@@ -302,29 +302,36 @@ def import_images(src, dataset, link, extensions, group_duplicates, project_path
 @main.command("make-tags")
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.option("--minimum-post-count", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Least eligible posts a tag must occur in.")
+              help="Least training posts (eligible posts outside the validation split, as train-project "
+                   "splits them) a tag must occur in.")
 @alias("--min-count", "minimum_post_count", type=click.IntRange(min=1))
 @click.option("--limit", default=0, show_default=True, type=click.IntRange(min=0),
               help="Most tags, the most frequent first (0: no limit; rating tags not counted).")
 @click.option("--system-tags/--no-system-tags", default=True, show_default=True,
               help="Keep rating:* tags found in the data, listed last.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+@click.option("--allow-trained", is_flag=True,
+              help="With --overwrite: replace the tags.txt that the project's checkpoints or exported models were "
+                   "trained with (refused otherwise); the old file is kept beside it as tags.replaced-<time>.txt.")
 @click.option("--save-path", type=click.Path(dir_okay=False, path_type=str),
               help="Write here instead of PROJECT_PATH/tags.txt.")
 @alias("--output", "save_path", type=click.Path(dir_okay=False, path_type=str))
-def make_tags(project_path, minimum_post_count, limit, system_tags, overwrite, save_path):
+def make_tags(project_path, minimum_post_count, limit, system_tags, overwrite, allow_trained, save_path):
     """Write tags.txt from the tags of the project's database.
 
-    Counts, for each tag, the eligible posts (file_ext and minimum_tag_count of
-    project.json) it occurs in, and lists tags by descending count, ties by
-    name. rating:* system tags (see make-training-database) are kept by
-    default and put last, in the order general, sensitive, questionable,
-    explicit, as DeepDanbooru's tags.txt has them.
+    Counts, for each tag, the training posts it occurs in: the eligible posts
+    (file_ext and minimum_tag_count of project.json) outside the validation
+    split (validation_fraction, seed), the posts train-project learns from.
+    Lists tags by descending count, ties by name. rating:* system tags (see
+    make-training-database) are kept by default and put last, in the order
+    general, sensitive, questionable, explicit, as DeepDanbooru's tags.txt
+    has them. A tags.txt that checkpoints or exported models were trained
+    with is only replaced with --overwrite --allow-trained.
     """
     from deepdanbooru.dataset.build import make_tags as make
 
     make(project_path, minimum_post_count=minimum_post_count, limit=limit, overwrite=overwrite, save_path=save_path,
-         system_tags=system_tags, echo=click.echo)
+         system_tags=system_tags, allow_trained=allow_trained, echo=click.echo)
 
 
 @main.command("show-model")

@@ -53,6 +53,8 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--group-duplicates", "give identical or near-identical pictures one split_id"),
     # Which inputs.
     Term("--allow-folder", "accept folders as targets", deepdanbooru=True),
+    Term("--allow-trained", "replace a tags.txt that the project's checkpoints or exported models were trained "
+                            "with"),
     Term("--folder-filters", "file-name patterns of the images in folders", deepdanbooru=True),
     Term("--extensions", "image file extensions to pick up"),
     Term("--start-id", "first post id", deepdanbooru=True),

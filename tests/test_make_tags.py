@@ -2,6 +2,7 @@ import json
 import sqlite3
 from collections import Counter
 
+import pytest
 from click.testing import CliRunner
 
 from deepdanbooru.cli import main
@@ -134,3 +135,93 @@ def test_rank_tags_directly():
     # Known rating tags in DeepDanbooru order, unknown rating:* after them.
     assert rank_tags(counts) == ["a", "b", "c", "x", "rating:sensitive", "rating:questionable", "rating:safe"]
     assert rank_tags(counts, limit=1, system_tags=False) == ["a"]
+
+
+def _trained(project, what):
+    """What training leaves in a project: a checkpoint (its files), or an exported model."""
+    if what == "checkpoint":
+        (project / "checkpoints").mkdir()
+        (project / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
+        (project / "checkpoints" / "ckpt-3.index").write_bytes(b"index")
+        return (f"the checkpoints in {project / 'checkpoints'} were trained with it, and with other tags "
+                "train-project refuses to resume from the checkpoints")
+    (project / "model-resnet_small.keras").write_bytes(b"model")
+    return ("the exported models (model-resnet_small.keras) were trained with it, and with other tags the exported "
+            "models' outputs no longer match the lines of tags.txt that evaluate and evaluate-project read with them")
+
+
+@pytest.mark.parametrize("what", ["checkpoint", "export"])
+def test_tags_that_a_model_was_trained_with_are_only_replaced_when_allowed_and_kept(tmp_path, what):
+    project = make_project(tmp_path, ROWS)
+    assert invoke(project).exit_code == 0
+    tags = project / "tags.txt"
+    old = tags.read_text()
+    trained = _trained(project, what)
+
+    result = invoke(project, "--overwrite", "--minimum-post-count", 2)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"error: {tags}: not replaced: {trained}; for other tags start a new project (create-project, then "
+        "make-tags there), or add --allow-trained to replace it anyway (the current file is kept beside it)"]
+    assert tags.read_text() == old
+    assert sorted(p.name for p in project.iterdir() if p.name.startswith("tags")) == ["tags.txt"]
+    # Another file than the project's tags.txt is nobody's vocabulary.
+    assert invoke(project, "--minimum-post-count", 2, "--save-path", tmp_path / "other.txt").exit_code == 0
+
+    result = invoke(project, "--overwrite", "--allow-trained", "--minimum-post-count", 2)
+    assert result.exit_code == 0, result.output
+    assert load_tags(tags) == ["cat", "bird", "dog", "rating:general"]
+    (kept,) = [p for p in project.iterdir() if p.name.startswith("tags.replaced-")]
+    assert kept.suffix == ".txt" and kept.read_text() == old
+    assert f"Kept the previous tags.txt as {kept}: " in result.output
+    assert ("move that folder away to start fresh" in result.output) == (what == "checkpoint")
+    # Again: the first copy stays, a second keeps what the file held then.
+    assert invoke(project, "--overwrite", "--allow-trained").exit_code == 0
+    copies = sorted(p for p in project.iterdir() if p.name.startswith("tags.replaced-"))
+    assert len(copies) == 2 and kept in copies and old in [p.read_text() for p in copies]
+
+
+def test_the_same_tags_again_need_no_permission_and_keep_no_copy(tmp_path):
+    project = make_project(tmp_path, ROWS)
+    assert invoke(project).exit_code == 0
+    _trained(project, "checkpoint")
+    result = invoke(project, "--overwrite")
+    assert result.exit_code == 0 and "Kept" not in result.output
+    assert [p.name for p in project.iterdir() if p.name.startswith("tags")] == ["tags.txt"]
+
+
+# 20 posts; with validation_fraction 0.3 and seed 0, posts 1, 4, 5, 13 and 18 are the validation split.
+SPLIT_ROWS = [(i, f"m{i:02d}", "jpg", " ".join(["common"] + ["edge"] * (i in (1, 2, 3, 6, 7))
+                                                 + ["solid"] * (i in (2, 3, 6, 7, 8))), 1) for i in range(1, 21)]
+
+
+def test_minimum_post_count_counts_the_training_posts_as_the_rare_tag_warning_does(tmp_path):
+    from deepdanbooru.dataset.records import load_records
+    from deepdanbooru.dataset.trust import split_stats, trust_warning
+    from deepdanbooru.scoring.split import split_records
+
+    project = make_project(tmp_path, SPLIT_ROWS, extra={"validation_fraction": 0.3})
+    result = invoke(project, "--minimum-post-count", 5)
+    assert result.exit_code == 0, result.output
+    # edge is on 5 posts, one of them in validation: 4 training positives, under the minimum.
+    assert load_tags(project / "tags.txt") == ["common", "solid"]
+    assert ("counts are over the 15 training posts (the 20 eligible less the 5 of the validation split, "
+            "validation_fraction 0.3)") in result.output
+    assert "most frequent: common (15), solid (5)" in result.output
+    # The split train-project makes and the warning it (and preflight) prints about rare tags agree.
+    records = load_records(project.parent / "data" / "posts.sqlite", 0, ("jpg",))
+    train, validation = split_records(records, 0.3, 0)
+    assert sorted(validation.ids) == [1, 4, 5, 13, 18]
+    stats = split_stats([(False, t) for t in train.tag_strings] + [(True, t) for t in validation.tag_strings],
+                        load_tags(project / "tags.txt"))
+    assert stats.rare_training_tags == 0
+    assert "positive examples" not in (trust_warning(stats, 0.3, project / "project.json") or "")
+
+
+def test_a_split_that_leaves_no_training_post_is_named(tmp_path):
+    project = make_project(tmp_path, SPLIT_ROWS[:1], extra={"validation_fraction": 0.3})
+    result = invoke(project)
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: {project / 'project.json'}: validation_fraction: leaves no training "
+                                     "posts out of 1 eligible; lower it")
+    assert not (project / "tags.txt").exists()

@@ -16,10 +16,20 @@ from deepdanbooru.cli import main
 from deepdanbooru.errors import ConfigError, DatasetError, Interrupted, TrainingError
 from deepdanbooru.packing import pack as packing
 from deepdanbooru.packing.pack import pack_project
+from deepdanbooru.preflight.main import training_preflight
 from deepdanbooru.training.train import plan_training
 from train_helpers import assert_same_weights, make_project, read_state, set_config
 
 QUIET = dict(echo=lambda *_: None)
+
+
+def preflight(project) -> dict:
+    """{check name: (status, detail)} of `deepdanbooru preflight PROJECT --max-image-checks 0`."""
+    return {r.name: (r.status, r.detail) for r in training_preflight(project, max_image_checks=0)}
+
+
+def failed(results) -> list[str]:
+    return [name for name, (status, _) in results.items() if status == "FAIL"]
 
 
 def _copy_dataset(sample_dataset, directory):
@@ -117,6 +127,9 @@ def test_stale_shards_are_refused_by_name_with_the_command_that_rebuilds_them(pa
     assert result.exit_code == exitcodes.USAGE
     assert result.output.strip().splitlines() == [f"error: {text}"]
     assert not (project / "checkpoints").exists()
+    # Preflight says what train-project will do, in its words.
+    results = preflight(project)
+    assert failed(results) == ["shards"] and results["shards"][1] == text
     # Packing again makes them current.
     summary = pack_project(project, shard_records=10, **QUIET)
     assert summary.packed_now == summary.shards and plan_training(project).shards is not None
@@ -133,8 +146,53 @@ def test_shards_are_not_sent_to_data_service_workers(packed):
     project, _, _ = packed
     set_config(project, data_service="localhost:5050")
     with pytest.raises(ConfigError, match=r"project.json: data_service: cannot serve the packed shards in .*shards; "
-                                          r"set data_service to null"):
+                                          r"set data_service to null") as raised:
         plan_training(project)
+    results = preflight(project)
+    assert failed(results) == ["shards"] and results["shards"][1] == str(raised.value)
+
+
+def test_preflight_passes_a_project_training_from_shards_without_its_originals(packed):
+    """Once packed, training reads no original file (without validation): preflight must not ask for them."""
+    project, _, _ = packed
+    images = json.loads((project / "project.json").read_text())["database_path"].replace("dataset.sqlite", "images")
+    shutil.rmtree(images)
+    results = preflight(project)
+    assert failed(results) == [], results
+    assert results["shards"] == ("PASS", f"train-project will read the training pictures from {project / 'shards'} "
+                                         "(24 packed in 3 shard(s), 0 could not be packed); validation reads the "
+                                         "original files")
+    assert results["images"] == ("PASS", f"checked all 24 eligible images: 24 training picture(s) packed in "
+                                         f"{project / 'shards'} (train-project reads them from there, not from the "
+                                         "original files)")
+    # And train-project does: every record comes from the shards, none is dropped.
+    plan, _, batches = _datasets(project, shards=True)
+    assert sorted(np.concatenate([batch["position"] for batch in batches]).tolist()) == list(range(24))
+
+    # Validation still reads the original files: with a split, their absence fails as without shards (and
+    # train-project stops at the first validation: none of the validation images could be read).
+    set_config(project, validation_fraction=0.3)  # the shards hold every eligible post: still current
+    results = preflight(project)
+    assert failed(results) == ["images"]
+    assert results["shards"][0] == "PASS"
+    plan = plan_training(project)
+    assert plan.shards is not None and len(plan.validation)
+    first = plan.validation.paths()[0]
+    assert f"{first}: file not found (a validation post: validation reads its original file)" in results["images"][1]
+    assert f"{len(plan.validation)} unusable among all 24 eligible images" in results["images"][1]
+
+
+def test_preflight_fails_a_picture_packing_could_not_read(packed):
+    project, _, _ = packed
+    index_path = project / "shards" / "shard-00000.json"
+    index = json.loads(index_path.read_text())
+    key, _, _ = index["records"].pop(0)
+    index["bad"].append([key, "cannot be decoded: test"])
+    index_path.write_text(json.dumps(index))
+    results = preflight(project)
+    assert failed(results) == ["images"]
+    assert results["images"][1].startswith("1 unusable among all 24 eligible images: id ")
+    assert results["images"][1].endswith(f"/images/{key}: cannot be decoded: test")
 
 
 def test_shards_of_another_project_are_refused_naming_it(packed, tmp_path, sample_dataset):
@@ -162,6 +220,10 @@ def test_truncated_shard_is_named_and_the_others_still_used(packed):
     plan, reader, batches = _datasets(project, shards=True)
     (warning,) = plan.shards.warnings()
     assert warning.startswith(f"{shard}: truncated (") and f"`deepdanbooru pack {project}` repairs it" in warning
+    # Preflight warns in train-project's words, and fails the pictures the cut lost.
+    results = preflight(project)
+    assert results["shards"][0] == "WARN" and results["shards"][1].endswith(f"; {warning}")
+    assert failed(results) == ["images"] and f"truncated: in {shard}, which ends early" in results["images"][1]
     positions = np.concatenate([batch["position"] for batch in batches])
     lost = sorted(set(range(24)) - set(positions.tolist()))
     assert 0 < len(lost) <= 10  # some of shard 2's ten pictures, none of the others
@@ -191,8 +253,10 @@ def test_unfinished_pack_is_never_read_and_packing_resumes(tmp_path, sample_data
         pack_project(project, shard_records=10, **QUIET)
     assert not (project / "shards" / "manifest.json").exists()
     with pytest.raises(TrainingError, match=r"shards: packing did not finish \(no manifest.json\); finish it with "
-                                            rf"`deepdanbooru pack {project}`"):
+                                            rf"`deepdanbooru pack {project}`") as raised:
         plan_training(project)
+    results = preflight(project)
+    assert failed(results) == ["shards"] and results["shards"][1] == str(raised.value)
     monkeypatch.setattr(packing, "pack_shard", real)
     lines = []
     summary = pack_project(project, echo=lines.append, shard_records=10)

@@ -20,7 +20,7 @@ from deepdanbooru.project.tags import tags_hash
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
-PROJECT_CHECKS = ["config", "tags", "model", "database", "eligible", "md5", "images", "labels", "duplicates",
+PROJECT_CHECKS = ["config", "tags", "model", "database", "eligible", "md5", "shards", "images", "labels", "duplicates",
                   "split", "checkpoint", "lock"]
 
 
@@ -510,7 +510,8 @@ def test_cli_preflight_uses_the_same_checks(project):
     image_of(project, 2).write_bytes(b"")
     bad = runner.invoke(main, ["preflight", str(project), "--format", "json"])
     assert bad.exit_code == 1
-    assert json.loads(bad.output)["checks"][6]["detail"].endswith("empty file (0 bytes)")
+    images = next(check for check in json.loads(bad.output)["checks"] if check["name"] == "images")
+    assert images["detail"].endswith("empty file (0 bytes)")
     assert runner.invoke(main, ["preflight", str(project / "nope")]).exit_code == 2
     assert runner.invoke(main, ["preflight", str(project), "--max-image-checks", "-1"]).exit_code == 2
 

@@ -22,11 +22,13 @@ from deepdanbooru.dataset.records import (
     connect_read_only,
     load_records,
 )
-from deepdanbooru.errors import DatasetError, TagsError, UserError, file_field
+from deepdanbooru.errors import ConfigError, DatasetError, TagsError, UserError, file_field
 from deepdanbooru.project.config import load_config
 from deepdanbooru.fileio import create_beside, write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import count_tags
+from deepdanbooru.project.trained import keep_copy, trained_with_tags
 from deepdanbooru.wording import plural
 
 RATING_TAGS = {
@@ -306,19 +308,34 @@ def rank_tags(counts: Counter, min_count: int = 1, limit: int = 0, system_tags: 
 
 
 # All make-tags reads of project.json: a bad model name or batch size must not stop it.
-MAKE_TAGS_KEYS = ("database_path", "minimum_tag_count", "image_extensions")
+MAKE_TAGS_KEYS = ("database_path", "minimum_tag_count", "image_extensions", "validation_fraction", "seed")
+
+
+def training_tag_strings(records, validation_fraction: float, seed: int) -> list[str]:
+    """The tag strings of the posts train-project trains on: the eligible posts outside the validation split."""
+    if validation_fraction <= 0:
+        return list(records.tag_strings)
+    return [tag_string for key, tag_string in zip(records.split_keys, records.tag_strings)
+            if not in_validation(key, validation_fraction, seed)]
 
 
 def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrite: bool = False, save_path=None,
-              system_tags: bool = True, echo=print) -> list[str]:
-    """Write tags.txt from the tag frequencies of the project's eligible posts."""
+              system_tags: bool = True, allow_trained: bool = False, echo=print) -> list[str]:
+    """Write tags.txt from the tag frequencies of the project's training posts.
+
+    Counted over the posts train-project learns from (the eligible posts outside the validation split), so a
+    tag kept by --minimum-post-count N has N training positives, as the warnings of preflight and
+    train-project count them. Replacing the tags.txt that the project's checkpoints or exported models were
+    trained with needs allow_trained, and keeps the old file beside it.
+    """
     if minimum_post_count < 1:
         raise UserError(f"--minimum-post-count must be >= 1, got {minimum_post_count}")
     if limit < 0:
         raise UserError(f"--limit must be >= 0, got {limit}")
     config = load_config(project_dir, uses=MAKE_TAGS_KEYS)
     database = config.require_database()
-    target = Path(save_path) if save_path else ProjectPaths(project_dir).tags
+    paths = ProjectPaths(project_dir)
+    target = Path(save_path) if save_path else paths.tags
     if target.is_dir():
         raise TagsError(file_field(target, None, "is a directory; give a file path"))
     if not target.parent.is_dir():
@@ -332,23 +349,54 @@ def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrit
                                       f"no eligible posts (file_ext in {', '.join(config.image_extensions)} and "
                                       f"tag_count_general >= {config.minimum_tag_count}, minimum_tag_count in "
                                       f"{config.config_path})"))
-    counts = count_tags(records.tag_strings)
+    training = training_tag_strings(records, config.validation_fraction, config.seed)
+    if not training:
+        raise ConfigError(file_field(config.config_path, "validation_fraction",
+                                     f"leaves no training posts out of {len(records)} eligible; lower it"))
+    counted = (f"{len(training)} training posts (the {len(records)} eligible less the "
+               f"{len(records) - len(training)} of the validation split, validation_fraction "
+               f"{config.validation_fraction:g})" if config.validation_fraction > 0 else
+               f"{len(training)} eligible posts")
+    counts = count_tags(training)
     tags = rank_tags(counts, minimum_post_count, limit, system_tags)
     if not tags:
         raise TagsError(file_field(target, None,
                                    f"not written: no tag occurs in {minimum_post_count} or more of the "
-                                   f"{len(records)} eligible posts of {database}; lower --minimum-post-count"))
-    write_text_atomic(target, "".join(f"{tag}\n" for tag in tags))
+                                   f"{counted} of {database}; lower --minimum-post-count"))
+    trained, kept = _write_tags(target, "".join(f"{tag}\n" for tag in tags), paths, allow_trained)
 
     total_posts = _count_posts(database)
     n_system = sum(1 for tag in tags if is_system_tag(tag))
     echo(f"Wrote {plural(len(tags), 'tag')} ({n_system} rating system tags) to {target}")
     echo(f"from {len(records)} eligible of {total_posts} posts in {database} "
          f"(minimum_tag_count {config.minimum_tag_count}); {len(counts)} distinct tags seen")
+    echo(f"counts are over the {counted}")
     top = [tag for tag in tags if not is_system_tag(tag)][:5]
     if top:
         echo("most frequent: " + ", ".join(f"{tag} ({counts[tag]})" for tag in top))
+    if kept is not None:
+        echo(f"Kept the previous tags.txt as {kept}: {trained.describe()} were trained with it")
+        if trained.checkpoints is not None:
+            echo(f"train-project refuses to resume from {trained.checkpoints} with the new tags: move that folder "
+                 f"away to start fresh, or put {kept.name} back as {target.name} to resume")
     return tags
+
+
+def _write_tags(target: Path, content: str, paths, allow_trained: bool):
+    """Write `content` to `target`; (what was trained with the old file, the copy kept of it), both None when
+    the project's own tags.txt did not change or nothing was trained with it. Refused without allow_trained."""
+    if not (target.exists() and target.resolve() == paths.tags.resolve() and target.read_bytes() != content.encode()):
+        write_text_atomic(target, content)
+        return None, None
+    trained = trained_with_tags(paths)
+    if trained and not allow_trained:
+        raise TagsError(file_field(target, None, (
+            f"not replaced: {trained.describe()} were trained with it, and with other tags "
+            f"{trained.consequences()}; for other tags start a new project (create-project, then make-tags "
+            "there), or add --allow-trained to replace it anyway (the current file is kept beside it)")))
+    kept = keep_copy(target) if trained else None
+    write_text_atomic(target, content)
+    return (trained or None), kept
 
 
 def _count_posts(database) -> int:

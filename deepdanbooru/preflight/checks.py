@@ -25,6 +25,7 @@ from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.resume import describe_resume_point, resume_point
+from deepdanbooru.project.shards import SHARDS_DIR, training_shards
 from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import load_tags, tags_hash
 from deepdanbooru.runstate.lock import owner_is_stale, read_owner
@@ -52,6 +53,8 @@ class Run:
         self.eligible = 0
         self.sample: list[tuple] = []  # (id, md5, file_ext, tag_string), id order
         self.image_paths: list[tuple[int, str, object]] = []  # (id, path, ImageInfo) of readable sampled images
+        self.rows_usable = False  # every eligible row has an integer id and a safe md5 (the md5 check passed)
+        self.shards = None  # project.shards.ShardIndex when train-project will read the packed pictures
 
     def need(self, what: str):
         value = getattr(self, what)
@@ -190,6 +193,7 @@ def check_md5(run: Run):
                                  also="deepdanbooru_unsafe_row(id, md5)", ordered=False)
     bad, first = connection.execute(sql, (*config.image_extensions, config.minimum_tag_count)).fetchone()
     if not bad:
+        run.rows_usable = True
         return PASS, f"all {run.eligible:,} eligible posts have an integer id and a safe md5 file name"
     md5 = connection.execute("SELECT md5 FROM posts WHERE id = ?", (first,)).fetchone()
     try:
@@ -201,32 +205,76 @@ def check_md5(run: Run):
     return FAIL, f"{bad:,} eligible post(s) unusable; first: {reason}"
 
 
-# --- images ---------------------------------------------------------------------
+# --- packed shards and images -----------------------------------------------------
+
+
+def check_shards(run: Run):
+    """Whether train-project reads the training pictures from PROJECT/shards, by train-project's own rule."""
+    config = run.need("config")
+    directory = run.paths.root / SHARDS_DIR
+    if not directory.is_dir():
+        return PASS, f"no {directory}: train-project reads the original image files"
+    run.need("tags")
+    run.need("connection")
+    if not run.eligible:
+        raise _Skip("no eligible posts")
+    if not run.rows_usable:
+        raise _Skip("needs every eligible post usable (see md5)")
+    eligible = records.load_records(config.database_path, config.minimum_tag_count, config.image_extensions)
+    run.shards = training_shards(run.paths.root, config, run.paths.tags, eligible)
+    if run.shards is None:
+        return PASS, f"{directory} is empty: train-project reads the original image files"
+    detail = (f"train-project will read the training pictures from {directory} ({len(run.shards.locations):,} "
+              f"packed in {len(run.shards.files)} shard(s), {len(run.shards.bad):,} could not be packed); "
+              "validation reads the original files")
+    warned = run.shards.warnings()
+    if warned:
+        return WARN, f"{detail}; " + "; ".join(warned)
+    return PASS, detail
+
+
+def _packed_reason(run: Run, split, row_id, path: str):
+    """(True, why the shards cannot give it, or None) for a post training reads from the shards; else (False, None)."""
+    if run.shards is None or in_validation(split.get(row_id, row_id), run.config.validation_fraction,
+                                           run.config.seed):
+        return False, None
+    return True, run.shards.known_reason(path)
 
 
 def check_images(run: Run):
     config = run.need("config")
-    run.need("connection")
+    connection = run.need("connection")
     if not run.sample:
         raise _Skip("no eligible posts")
     images = config.database_path.parent / records.IMAGES_DIR
-    if not images.is_dir():
+    if run.shards is None and not images.is_dir():
         return FAIL, f"{images}: images folder not found beside the database"
+    split = records.split_keys(connection, config.database_path) if run.shards is not None else {}
     bad, mismatched = [], []
     formats, sizes = Counter(), set()
-    checked = 0
+    checked = packed = 0
+    # With shards only validation posts are read from their files: say so, or a deleted original puzzles.
+    original = " (a validation post: validation reads its original file)" if run.shards is not None else ""
     for row_id, md5, ext, _ in run.sample:
         if _unsafe_row(row_id, md5):
             continue  # named by the md5 check; never turned into a path
         checked += 1
         path = records.image_path(images, md5, ext)
+        from_shards, reason = _packed_reason(run, split, row_id, path)
+        if from_shards:
+            # The original file is not read for training, so a deleted original is no problem.
+            if reason:
+                bad.append(f"id {row_id} {path}: {reason}")
+            else:
+                packed += 1
+            continue
         try:
             info = inspect_image(path)
         except BadImage as error:
-            bad.append(f"id {row_id} {path}: {error.reason}")
+            bad.append(f"id {row_id} {path}: {error.reason}{original}")
             continue
         if info.pixels > config.max_image_pixels:
-            bad.append(f"id {row_id} {path}: {too_large(info, config.max_image_pixels)}")
+            bad.append(f"id {row_id} {path}: {too_large(info, config.max_image_pixels)}{original}")
             continue
         # A mismatch still decodes, but deserves a word.
         if str(ext).lower() not in stored_extensions(info.format):
@@ -241,9 +289,16 @@ def check_images(run: Run):
         return FAIL, f"{len(bad)} unusable among {scope}: {_first(bad)}"
     if not checked:
         raise _Skip("no sampled post has a safe md5")
-    smallest, largest = min(sizes, key=lambda s: s[0] * s[1]), max(sizes, key=lambda s: s[0] * s[1])
-    summary = (f"checked {scope}: " + ", ".join(f"{name} {n}" for name, n in sorted(formats.items()))
-               + f"; {smallest[0]}x{smallest[1]}" + ("" if smallest == largest else f" to {largest[0]}x{largest[1]}"))
+    found = []
+    if packed:
+        found.append(f"{packed:,} training picture(s) packed in {run.shards.directory} (train-project reads them "
+                     "from there, not from the original files)")
+    if sizes:
+        smallest, largest = min(sizes, key=lambda s: s[0] * s[1]), max(sizes, key=lambda s: s[0] * s[1])
+        found.append(", ".join(f"{name} {n}" for name, n in sorted(formats.items()))
+                     + f"; {smallest[0]}x{smallest[1]}"
+                     + ("" if smallest == largest else f" to {largest[0]}x{largest[1]}"))
+    summary = f"checked {scope}: " + "; ".join(found)
     if mismatched:
         return WARN, summary + f"; {len(mismatched)} whose extension does not match the content: {_first(mismatched)}"
     return PASS, summary
@@ -435,6 +490,7 @@ PROJECT_CHECKS = (
     ("database", check_database),
     ("eligible", check_eligible),
     ("md5", check_md5),
+    ("shards", check_shards),
     ("images", check_images),
     ("labels", check_labels),
     ("duplicates", check_duplicates),

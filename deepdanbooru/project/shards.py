@@ -7,6 +7,8 @@ label indices in tags.txt order, its path under images/), one index per shard
 that failed to decode while packing, with the reason) and `manifest.json`,
 written last, that lists them with what they were made from. Training reads a
 shard folder only through its manifest, so an unfinished pack is never read.
+training_shards() is the one rule for whether train-project reads the shards
+(and refuses them when it must); preflight applies the same function.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deepdanbooru.errors import TrainingError, file_field
+from deepdanbooru.errors import ConfigError, TrainingError, file_field
 
 SHARDS_DIR = "shards"
 MANIFEST = "manifest.json"
@@ -213,3 +215,17 @@ def open_shards(root, config, tags_path, records) -> ShardIndex | None:
         if found < sizes[-1]:
             truncated[number] = found
     return ShardIndex(directory, files, sizes, locations, bad, rebuild, truncated)
+
+
+def training_shards(root, config, tags_path, records) -> ShardIndex | None:
+    """The shards train-project reads its training pictures from; None when it reads the original files.
+
+    open_shards' refusals, and one more: the shard reader is host memory mapped into the training
+    process's graph, so data-service workers (project.json data_service) cannot run it (ConfigError).
+    """
+    shards = open_shards(root, config, tags_path, records)
+    if shards is not None and config.data_service:
+        raise ConfigError(file_field(config.config_path, "data_service", (
+            f"cannot serve the packed shards in {shards.directory}; set data_service to null to train from them "
+            "here, or move the shards folder aside to have the workers read the original files")))
+    return shards

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.dataset.trust import split_stats, trust_warning
-from deepdanbooru.errors import ConfigError, ModelError, TrainingError, file_field
+from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
-from deepdanbooru.project.shards import ShardIndex, open_shards
+from deepdanbooru.project.shards import ShardIndex, training_shards
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
@@ -78,12 +78,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             database, "posts",
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
-    shards = open_shards(paths.root, config, paths.tags, records)
-    if shards is not None and config.data_service:
-        # The shard reader is host memory mapped into this process's graph: a data-service worker cannot run it.
-        raise ConfigError(file_field(config.config_path, "data_service", (
-            f"cannot serve the packed shards in {shards.directory}; set data_service to null to train from them "
-            "here, or move the shards folder aside to have the workers read the original files")))
+    shards = training_shards(paths.root, config, paths.tags, records)
     train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
                                                   read_state_json(paths.checkpoints)[0])
     if not len(train):

@@ -162,3 +162,27 @@ def test_preflight_reads_no_network_from_a_state_json_without_one(tmp_path):
     assert fine_tuned_network(checkpoints) == recorded
     (checkpoints / "checkpoint").unlink()  # no checkpoint to resume: the next run starts fresh
     assert fine_tuned_network(checkpoints) is None
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_before_the_record_resumes_with_its_source_model(tmp_path, sample_dataset, folder,
+                                                                              reference, monkeypatch):
+    import tensorflow as tf
+
+    from deepdanbooru.training import checkpointing
+    from deepdanbooru.training.network import Network
+    from deepdanbooru.training.train import train_project
+
+    project = make_project(tmp_path / "p", *sample_dataset, **SETUP)
+    # As written before checkpoints recorded the network: no such variables, no such state.json keys.
+    with monkeypatch.context() as old:
+        old.setattr(checkpointing, "NetworkState", lambda network: tf.Module(name="network"))
+        old.setattr(Network, "mirror", lambda self: {})
+        train_project(project, source_model=folder, echo=lambda *_: None, time_limit=1e-3)
+    assert "network" not in read_state(project) and read_state(project)["offset"] == 12
+
+    lines = []
+    train_project(project, source_model=folder, echo=lines.append)
+    assert f"Resuming from {project / 'checkpoints' / 'ckpt-1'}: " in "\n".join(lines)
+    assert read_state(project)["source"] == str(folder)  # recorded from now on
+    assert_same_weights(reference / FINAL, project / FINAL)

@@ -1,8 +1,9 @@
 """The run's checkpoint: what it holds, the latest one of this setup, restoring it, saving and mirroring it.
 
 A checkpoint holds the model, the inner optimizer (its slots and step count), the resume counters and
-run identity (training.state.ResumeState), the network and its --source-model (training.network), the loss scale, the weight average (ema_decay) and every
-monitor's state, so a run restarted from it continues bitwise where the saved one was.
+run identity (training.state.ResumeState), the network and its --source-model (training.network), the
+loss scale, the weight average (ema_decay) and every monitor's state, so a run restarted from it
+continues bitwise where the saved one was.
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ def create_project(project_path, overwrite, recipe, database):
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.option("--source-model", type=click.Path(path_type=str),
               help="Start from this .keras/.h5 model's structure and weights, or a timm checkpoint folder's "
-                   "(a WD v3 tagger); a checkpoint, if any, is restored on top.")
+                   "(a WD v3 tagger); a checkpoint, if any, is restored on top. Its checkpoints record it: "
+                   "resuming needs no --source-model (the same one is accepted, another refused).")
 @click.option("--source-tags", type=click.Path(dir_okay=False, path_type=str),
               help="The tags.txt the --source-model was trained with (ours read it from the model's "
                    "thresholds.csv); its head is then mapped onto this project's tags by name.")

@@ -24,7 +24,7 @@ from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
-from deepdanbooru.project.resume import describe_resume_point, resume_point
+from deepdanbooru.project.resume import describe_resume_point, fine_tuned_network, resume_point
 from deepdanbooru.project.shards import SHARDS_DIR, training_shards
 from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import load_tags, tags_hash
@@ -109,6 +109,14 @@ def check_tags(run: Run):
 def check_model(run: Run):
     """The model takes this input, and how big it is, before anyone waits for TensorFlow to build it."""
     config = run.need("config")
+    recorded = fine_tuned_network(run.paths.checkpoints)
+    if recorded is not None:
+        # Resuming rebuilds the checkpoint's network: project.json's model only names the exports.
+        counts = recorded["parameters"]
+        return PASS, (f"{recorded['network']} (fine-tuned from --source-model {recorded['source']}, as the "
+                      f"checkpoint records it; project.json's model {config.model} only names the exports): "
+                      f"input {config.image_height}x{config.image_width}x3, "
+                      f"{counts['trainable']:,} trainable and {counts['non_trainable']:,} non-trainable parameters")
     table.check_model_input(config.model, config.input_shape, config.config_path)
     table.check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     if run.tags is None:
@@ -370,6 +378,11 @@ def check_checkpoint(run: Run):
         return FAIL, (f"{index}: names {prefix.name}, but its .index or .data files are missing; "
                       f"the next train-project cannot resume: restore them or move {directory} away to start fresh")
     detail = f"the next train-project will RESUME from {prefix}"
+    recorded = fine_tuned_network(directory)
+    if recorded is not None:
+        detail += (f" (the network {recorded['network']} fine-tuned from --source-model {recorded['source']}, "
+                   "rebuilt from the checkpoint: --source-model may be left out and the source's files are not "
+                   "read; another --source-model is refused)")
     state, problem = read_state_json(directory)
     if problem:
         return WARN, f"{detail}; {problem}"

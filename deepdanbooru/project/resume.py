@@ -9,9 +9,10 @@ train-project, preflight, the interrupt message and best.json print.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
-from deepdanbooru.runstate.state import SCHEDULE_COUNTERS
+from deepdanbooru.runstate.state import SCHEDULE_COUNTERS, read_state_json
 
 
 def resume_point(counters: Mapping, train_records: int | None) -> dict[str, int]:
@@ -38,3 +39,18 @@ def describe_resume_point(counters: Mapping, train_records: int | None, epoch_co
     if offset and train_records:
         where += f", {offset} of {train_records} records into epoch {epoch + 1}"
     return f"{text} ({where})"
+
+
+def fine_tuned_network(checkpoints) -> dict | None:
+    """state.json's record of the network a --source-model run trains ({"network", "source", "parameters"}),
+    while checkpoints/ holds a checkpoint to resume; None otherwise. A resumed run rebuilds that network
+    from the checkpoint, whatever project.json's model says (training.network)."""
+    state, _ = read_state_json(checkpoints)
+    if state is None or not (Path(checkpoints) / "checkpoint").is_file():
+        return None
+    counts = state.get("parameters")
+    if not (isinstance(state.get("source"), str) and isinstance(state.get("network"), str)
+            and isinstance(counts, dict) and all(isinstance(counts.get(key), int)
+                                                  for key in ("trainable", "non_trainable"))):
+        return None
+    return {key: state[key] for key in ("network", "source", "parameters")}

@@ -12,7 +12,9 @@ state.json format (version 1), all keys always present:
      "random_seed": int, "epoch_bad_images": int, "complete": bool,
      "model": str, "image_height": int, "image_width": int,
      "tags_hash": str, "tag_count": int, "epoch_count": int, "train_records": int,
-     "records_hash": str (scoring.split.records_hash; absent in files written before it existed)}
+     "records_hash": str (scoring.split.records_hash; absent in files written before it existed),
+     "network": str (the Keras name of the network that trains), "source": str or null (its --source-model,
+     absolute), "parameters": {"trainable": int, "non_trainable": int} (these three absent in older files)}
 """
 
 from __future__ import annotations
@@ -71,11 +73,12 @@ def check_identity(saved: RunIdentity, current: RunIdentity, checkpoint_dir, tag
 
 
 def write_state_json(checkpoint_dir, checkpoint_path: str, counters: Counters, identity: RunIdentity,
-                     *, complete: bool, epoch_count: int, train_records: int, records_hash: str = "") -> Path:
+                     *, complete: bool, epoch_count: int, train_records: int, records_hash: str = "",
+                     network: dict | None = None) -> Path:
     path = Path(checkpoint_dir) / STATE_FILE
     data = {"version": STATE_VERSION, "checkpoint": Path(checkpoint_path).name, **asdict(counters),
             "complete": complete, **asdict(identity), "epoch_count": epoch_count,
-            "train_records": train_records, "records_hash": records_hash}
+            "train_records": train_records, "records_hash": records_hash, **(network or {})}
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
     return path
 

@@ -1,8 +1,9 @@
 """The run's checkpoint: what it holds, the latest one of this setup, restoring it, saving and mirroring it.
 
 A checkpoint holds the model, the inner optimizer (its slots and step count), the resume counters and
-run identity (training.state.ResumeState), the loss scale, the weight average (ema_decay) and every
-monitor's state, so a run restarted from it continues bitwise where the saved one was.
+run identity (training.state.ResumeState), the network and its --source-model (training.network), the
+loss scale, the weight average (ema_decay) and every monitor's state, so a run restarted from it
+continues bitwise where the saved one was.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.runstate.state import Counters, check_identity, write_state_json
 from deepdanbooru.training.chief import checkpoint_manager
 from deepdanbooru.training.ema import checkpoint_has_average
+from deepdanbooru.training.network import NetworkState
 from deepdanbooru.training.state import ResumeState, read_checkpoint_state
 
 KEEP_CHECKPOINTS = 3
@@ -68,7 +70,9 @@ class CheckpointKeeper:
         self.core = dict(model=model, optimizer=inner, state=self.state, loss_scale=LossScaleState(optimizer))
         if ema is not None:
             self.core["ema"] = ema.state
-        self.checkpoint = tf.train.Checkpoint(**self.core, monitors=monitor_state(monitors))
+        # The network record is not core: a checkpoint written before it existed still resumes.
+        self.checkpoint = tf.train.Checkpoint(**self.core, network=NetworkState(run.network),
+                                              monitors=monitor_state(monitors))
         # Only the chief writes checkpoints; a worker's manager only counts them.
         self.manager = checkpoint_manager(self.checkpoint, run.paths.checkpoints, run.role, latest,
                                           model.variables + optimizer.variables, KEEP_CHECKPOINTS)
@@ -133,4 +137,4 @@ class CheckpointKeeper:
             return
         write_state_json(run.paths.checkpoints, checkpoint, counters, run.identity, complete=complete,
                          epoch_count=run.config.epoch_count, train_records=run.schedule.train_records,
-                         records_hash=run.records_hash)
+                         records_hash=run.records_hash, network=run.network.mirror())

@@ -41,6 +41,7 @@ from deepdanbooru.training.checkpointing import CheckpointKeeper, latest_checkpo
 from deepdanbooru.training.ema import WeightAverage
 from deepdanbooru.training.freeze import BackboneFreeze
 from deepdanbooru.training.making import Priors, make_model
+from deepdanbooru.training.network import Network, recorded_network
 from deepdanbooru.training.outputs import Outputs
 from deepdanbooru.training.reporting import RunReport
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
@@ -96,13 +97,16 @@ class SliceTrainer:
                                     tags_hash(plan.tags), len(plan.tags))
         self.records_hash = records_hash(plan.train)
         self.latest = latest_checkpoint_of_setup(self.paths, self.identity, self.config.config_path)
+        recorded = recorded_network(self.latest, plan.source_model, self.paths.checkpoints)
         with strategy.scope():
             self.model = make_model(plan, self.policy, priors, bool(self.latest), echo,
-                                    write_report=self.role.is_chief)
+                                    write_report=self.role.is_chief, recorded=recorded)
             self.optimizer, inner = make_training_optimizer(self.config, self.model, self.policy,
                                                             self.rates.rate(0, 0))
             self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
         synchronize_batch_norm(self.model, strategy)
+        # What every checkpoint records and every line names: the network that trains, and its source.
+        self.network = Network.of(self.model, recorded.source if recorded else plan.source_model)
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
                                        self.monitors, echo)
         self.counters = self.keeper.restore()
@@ -139,7 +143,7 @@ class SliceTrainer:
     def _run(self) -> Counters:
         c, schedule, report = self.counters, self.schedule, self.report
         for monitor in self.monitors:
-            monitor.on_train_begin(report.run_info(self.model, self.policy, self.latest))
+            monitor.on_train_begin(report.run_info(self.model, self.policy, self.latest, self.network))
         if schedule.trained_out(c.used_epoch, c.offset):
             self.echo(f"Training already complete ({schedule.epoch_count} of {schedule.epoch_count} epochs); "
                       f"writing the exports again. Raise epoch_count in {self.config.config_path} to train further")

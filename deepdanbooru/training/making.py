@@ -7,7 +7,9 @@ kinds of start, each one branch of `_start`:
 - --source-model FILE: a whole model (ours, import-model's, or DeepDanbooru's .keras / .h5), its
   vocabulary mapped onto tags.txt by name when the two differ (`grow`);
 - --source-model FOLDER: a timm checkpoint (a WD v3 tagger) imported as import-model does, then grown
-  the same way.
+  the same way;
+- resuming a checkpoint of a --source-model run: the network it records (training.network), with or
+  without --source-model, the source's files not read again.
 With a source that records categories (selected_tags.csv, import-model's categories.json) and a
 project without categories.json, the chief writes one for the tags they share (training.source).
 The head (per-tag layer) is models.head's one definition in every branch.
@@ -25,6 +27,7 @@ from deepdanbooru.models.backbone import load_backbone_weights
 from deepdanbooru.models.head import grow_vocabulary, set_head_bias
 from deepdanbooru.models.precision import global_policy, with_policy
 from deepdanbooru.project.tags import tag_counts
+from deepdanbooru.training.network import Network
 from deepdanbooru.training.priors import log_frequency_weights, log_odds
 from deepdanbooru.training.source import carry_categories, in_project_spelling
 
@@ -55,14 +58,21 @@ def vocabulary_report_path(plan):
     return plan.paths.logs / "vocabulary.txt"
 
 
-def make_model(plan, policy: str, priors: Priors, resuming: bool, echo=print, write_report: bool = True):
+def make_model(plan, policy: str, priors: Priors, resuming: bool, echo=print, write_report: bool = True,
+               recorded: Network | None = None):
     """The model to train under `policy`, uncompiled, its output one unit per tag of tags.txt.
 
     Call inside the strategy scope: every variable must be created there. `write_report`: the chief
     writes logs/vocabulary.txt when a source's vocabulary is grown (the other workers only print).
+    `recorded`: the source network the checkpoint being resumed holds (training.network).
     """
-    model = _start(plan, policy, priors, resuming, echo, write_report)
-    _check_model_shapes(model, plan, plan.source_model or plan.config.config_path)
+    if recorded is not None:
+        model = recorded.build(policy)
+        echo(f"Network: {recorded.name}, fine-tuned from --source-model {recorded.source}: rebuilt from the "
+             "checkpoint (the source's files are not read again)")
+    else:
+        model = _start(plan, policy, priors, resuming, echo, write_report)
+    _check_model_shapes(model, plan, plan.source_model or (recorded and recorded.source) or plan.config.config_path)
     return model
 
 

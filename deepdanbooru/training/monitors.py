@@ -53,6 +53,7 @@ class RunInfo:
     config_path: Path | None = None
     trust_warning: str | None = None  # dataset.trust's line when the split cannot measure the model
     model: Any = None  # the keras.Model being trained, for monitors that export it; they must not change it
+    parameters: tuple[int, int] | None = None  # (trainable, non-trainable) of the network that trains
 
 
 @dataclass
@@ -218,8 +219,10 @@ class ConsoleMonitor(Monitor):
         if notice:
             self.echo(notice)
         source = f" (from {run.source_model})" if run.source_model else ""
+        counts = (f"; {run.parameters[0]:,} trainable and {run.parameters[1]:,} non-trainable parameters"
+                  if run.parameters else "")
         self.echo(f"Model: {run.model_name}{source}, input {height}x{width}, batch {run.batch_size}, "
-                  f"{run.policy}")
+                  f"{run.policy}{counts}")
         self.echo(f"Slices: {run.slices_per_epoch} per epoch of up to {run.slice_records} records, "
                   f"{run.epoch_count} epoch(s)")
         start = run.start

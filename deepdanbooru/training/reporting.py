@@ -86,15 +86,16 @@ class RunReport:
                 f"{checkpoint} and {export.name} are written. To continue from there, "
                 f"run train-project again, e.g. {again}")
 
-    def run_info(self, model, policy: str, resumed_from) -> RunInfo:
+    def run_info(self, model, policy: str, resumed_from, network) -> RunInfo:
+        """`network` (training.network.Network): what trains, named as checkpoints and exports name it."""
         plan, schedule, config = self.plan, self.schedule, self.plan.config
         return RunInfo(
-            project=plan.paths.root, model_name=config.model, input_shape=config.input_shape,
+            project=plan.paths.root, model_name=network.name, input_shape=config.input_shape,
             batch_size=config.minibatch_size, epoch_count=schedule.epoch_count,
             train_records=schedule.train_records, validation_records=len(plan.validation),
             slice_records=schedule.slice_records, slices_per_epoch=schedule.slices_per_epoch, policy=policy,
             resumed_from=resumed_from, start=self.progress(),
-            source_model=str(plan.source_model) if plan.source_model else None,
+            source_model=network.source or None, parameters=(network.trainable, network.non_trainable),
             validation_fraction=config.validation_fraction,
             validation_frequency_slices=schedule.validation_every,
             best_model_metric=config.best_model_metric, config_path=config.config_path,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdanbooru.captions import tag_key
-from deepdanbooru.errors import ConfigError, ModelError, TagsError, file_field
+from deepdanbooru.errors import ConfigError, ModelError, TagsError, TrainingError, file_field
 from deepdanbooru.models.vocabulary import read_model_tags
 from deepdanbooru.project import categories as cat
 from deepdanbooru.project.tags import load_tags
@@ -35,6 +35,21 @@ class SourceModel:
     def resamplable(self) -> bool:
         """A ViT's position table can be resampled to another token grid; nothing else here resizes."""
         return self.folder and self.architecture.startswith("vit_")
+
+
+def source_path(source) -> Path:
+    """A --source-model as a checkpoint records and compares it: absolute, links resolved."""
+    return Path(source).expanduser().resolve()
+
+
+def check_resumed_source(recorded: str | None, source_model, checkpoints) -> None:
+    """Resuming a checkpoint fine-tuned from `recorded`: a --source-model other than that one is refused in
+    one line (the same one, or none, resumes)."""
+    if not recorded or source_model is None or source_path(source_model) == Path(recorded):
+        return
+    raise TrainingError(file_field(checkpoints, None, (
+        f"the checkpoint was fine-tuned from --source-model {recorded}, not {source_model}; leave --source-model "
+        f"out (or give that one) to resume, or delete {checkpoints} to start fresh from another")))
 
 
 def read_source_model(path, source_tags=None) -> SourceModel:

@@ -18,12 +18,17 @@ from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
+<<<<<<< HEAD
 from deepdanbooru.project.shards import ShardIndex, training_shards
+=======
+from deepdanbooru.project.resume import fine_tuned_network
+from deepdanbooru.project.shards import ShardIndex, open_shards
+>>>>>>> resume
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
 from deepdanbooru.training.budget import TimeBudget
-from deepdanbooru.training.source import SourceModel, check_input_size, read_source_model
+from deepdanbooru.training.source import SourceModel, check_input_size, check_resumed_source, read_source_model
 
 
 @dataclass(frozen=True)
@@ -63,11 +68,15 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     tags = load_tags(paths.tags)
     database = config.require_database()
     known_tags = source = None
+    # Resuming a --source-model run: its checkpoint's network trains (training.network), not `model`.
+    resumed = fine_tuned_network(paths.checkpoints)
+    check_resumed_source(resumed and resumed["source"], source_model, paths.checkpoints)
     if source_model is None:
         if source_tags is not None:
             raise ModelError(file_field(source_tags, None, "--source-tags is for --source-model; give both"))
-        check_model_input(config.model, config.input_shape, source=config.config_path)
-        check_head_bias_init(config.model, config.head_bias_init, config.config_path)
+        if resumed is None:
+            check_model_input(config.model, config.input_shape, source=config.config_path)
+            check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     else:
         source = read_source_model(source_model, source_tags)
         check_input_size(source, config)

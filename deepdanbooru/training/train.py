@@ -18,12 +18,8 @@ from deepdanbooru.errors import ModelError, TrainingError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
-<<<<<<< HEAD
-from deepdanbooru.project.shards import ShardIndex, training_shards
-=======
 from deepdanbooru.project.resume import fine_tuned_network
-from deepdanbooru.project.shards import ShardIndex, open_shards
->>>>>>> resume
+from deepdanbooru.project.shards import ShardIndex, training_shards
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock

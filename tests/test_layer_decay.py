@@ -1,6 +1,7 @@
 """Parameter groups: what each family exempts from weight decay, and layer_decay's per-variable learning rates."""
 
 import json
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -130,15 +131,83 @@ def test_units_of_convnext_and_vit(convnext_and_vit):
     assert "vit_norm/gamma" not in vit and "head_dense/bias" not in vit
 
 
-def test_a_layer_the_family_does_not_declare_is_refused():
+def _numbered_layers_model(n_tags=2):
+    """A model whose layers Keras numbered (as in a DeepDanbooru 1.0 file): no family places them."""
     inputs = keras.Input(SHAPE)
     x = keras.layers.Conv2D(3, 3, name="conv2d_7")(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(2, name="head_dense")(x))
-    with pytest.raises(ModelError, match="layer_decay: cannot tell which of resnet_small's 4 stages layer 'conv2d_7'"):
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    outputs = keras.layers.Activation("sigmoid", name="output")(keras.layers.Dense(n_tags, name="dense_3")(x))
+    return keras.Model(inputs, outputs, name="old_tagger")
+
+
+def test_a_layer_no_family_places_is_refused_naming_the_network():
+    model = _numbered_layers_model()
+    with pytest.raises(ModelError, match="^layer_decay: cannot tell which stage or block of resnet_small layer "
+                                         "'conv2d_7' belongs to; layer_decay knows the layers of the models "
+                                         r"deepdanbooru builds and import-model imports \(ViT, ConvNeXt, SwinV2\)$"):
         layer_rate_factors(model, "resnet_small", DECAY)
-    with pytest.raises(ModelError, match="^project.json: layer_decay: cannot tell"):
-        layer_rate_factors(model, "resnet_small", DECAY, "project.json")
+    with pytest.raises(ModelError, match="^project.json: layer_decay: cannot tell which stage or block of "
+                                         "--source-model old.keras layer 'conv2d_7'"):
+        layer_rate_factors(model, "resnet_small", DECAY, "project.json", network="--source-model old.keras")
     assert layer_rate_factors(model, "resnet_small", None) == ()
+
+
+# --- networks import-model builds, whatever project.json's `model` row ---
+
+TIMM = Path(__file__).resolve().parent / "fixtures" / "timm"
+IMPORTED = sorted(p.name for p in TIMM.iterdir() if (p / "config.json").is_file())
+
+
+@pytest.mark.parametrize("fixture", IMPORTED)
+def test_every_imported_network_gets_rates_from_its_own_layers(fixture):
+    from deepdanbooru.models.head import head_layer
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    model = import_checkpoint(TIMM / fixture).model
+    # resnet_small's row places none of these layers: the network's own names decide.
+    factors = {id(variable): factor for variable, factor in layer_rate_factors(model, "resnet_small", DECAY)}
+    by_layer = [[factors.get(id(v)) for v in layer.trainable_weights] for layer in model.layers
+                if layer.trainable_weights]
+    first, *_ = by_layer
+    depth = round(np.log(first[0]) / np.log(DECAY)) - 1  # L: the stem learns at DECAY ** (L + 1)
+    assert depth == (2 if fixture.startswith("vit") else 4)
+    # In build order (input to output) a layer never learns slower than one before it; the head at the full rate.
+    rates = [factor if factor is not None else 1.0 for layer in by_layer for factor in layer]
+    assert rates == sorted(rates) and rates[0] == DECAY ** (depth + 1)
+    assert set(rates) == {DECAY ** k for k in range(depth + 2)}
+    assert all(id(v) not in factors for v in head_layer(model).trainable_weights)
+
+
+def test_imported_wd_families_place_stem_stages_and_top():
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    def factors(fixture, name):
+        model = import_checkpoint(TIMM / fixture).model
+        return {v.path: f for v, f in layer_rate_factors(model, name, DECAY)}, \
+            {v.path for v in decay_exempt(model, name) if v.name != "bias"}
+
+    convnext, exempt = factors("convnext_wd", "convnext_tiny")
+    assert convnext["convnext_base_stem_conv/kernel"] == DECAY ** 5
+    assert convnext["convnext_base_stage_0_block_0_depthwise_conv/kernel"] == DECAY ** 4
+    assert convnext["convnext_base_downsampling_conv_0/kernel"] == DECAY ** 3
+    assert convnext["convnext_base_stage_3_block_0_pointwise_conv_2/kernel"] == DECAY
+    assert "convnext_base_head_layernorm/gamma" not in convnext and "head_dense/kernel" not in convnext
+    assert "convnext_base_stage_3_block_0_layer_scale/kernel" in exempt
+    swin, exempt = factors("swinv2_wd", "vit_small_patch16")
+    assert swin["swin_patch_embedding/kernel"] == swin["swin_patch_norm/gamma"] == DECAY ** 5
+    assert swin["swin_stage0_block1_q/kernel"] == DECAY ** 4
+    # The patch merging in front of stage 1 belongs to stage 1.
+    assert swin["swin_merge1_reduction/kernel"] == DECAY ** 3
+    assert swin["swin_stage3_block0_mlp2/kernel"] == DECAY
+    assert "swin_norm/gamma" not in swin and "head_dense/kernel" not in swin
+    assert {"swin_stage0_block0_scale/kernel", "swin_stage0_block0_position_bias/kernel"} <= exempt
+    assert not any("mlp1" in path or "_q/" in path for path in exempt)
+    vit, exempt = factors("vit_registers_layerscale", "convnext_tiny")
+    assert vit["vit_class_token/kernel"] == vit["vit_register_tokens/kernel"] == vit["vit_patch_embedding/kernel"] \
+        == DECAY ** 3
+    assert vit["vit_block1_mlp2/kernel"] == DECAY
+    assert {path for path in exempt if "norm" not in path} == {
+        "vit_class_token/kernel", "vit_register_tokens/kernel", "vit_position_embedding/kernel"}
 
 
 @pytest.mark.parametrize("value, message", [(0, "must be > 0.0"), (1.5, "must be <= 1.0"), ("x", "must be a number")])

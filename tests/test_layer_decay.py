@@ -243,3 +243,74 @@ def test_layer_decay_resumes_exactly(tmp_path, sample_dataset):
     inner = getattr(trainer.optimizer, "inner_optimizer", trainer.optimizer)
     factors = {v.path: f for v, f in inner.rate_factors}
     assert factors["stem_conv/kernel"] == pytest.approx(0.6 ** 5) and "head_conv/kernel" not in factors
+
+
+def _files(directory: Path) -> dict:
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None for p in directory.rglob("*")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture, size, row", [("vit_wd", 32, "convnext_tiny"), ("convnext_wd", 32, "vit_small_patch16"),
+                                                ("swinv2_wd", 48, "vit_small_patch16")])
+def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_dataset, fixture, size, row):
+    from click.testing import CliRunner
+
+    from deepdanbooru.cli import main
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    # One Adam step (24 posts, batch 24): each weight moves by rate * factor * g / (|g| + epsilon), so the
+    # largest move in a layer is its learning rate. rating:general keeps the source's `general` row: the rows of
+    # new tags start with a zero kernel, through which no gradient would reach the trunk in the first step.
+    database, tags = sample_dataset
+    project = make_project(tmp_path / "p", database, [*tags, "rating:general"], model=row, image_width=size, image_height=size,
+                           epoch_count=1, minibatch_size=24, optimizer="adam", learning_rate=0.01,
+                           layer_decay=DECAY)
+    result = CliRunner().invoke(main, ["train-project", str(project), "--source-model", str(TIMM / fixture)])
+    assert result.exit_code == 0, result.output
+    assert read_state(project)["used_minibatch"] == 1
+    before = import_checkpoint(TIMM / fixture).model
+    after = keras.models.load_model(project / f"model-{row}.keras", compile=False)
+    rates = {}
+    for layer in before.layers:
+        if layer.trainable_weights and layer.name != "head_dense":
+            moved = [np.abs(a - b).max() for a, b in zip(after.get_layer(layer.name).get_weights(), layer.get_weights())]
+            rates[layer.name] = max(moved) / 0.01
+    stem, first, last, top = {
+        "vit_wd": ("vit_patch_embedding", "vit_block0_mlp1", "vit_block1_mlp1", "vit_norm"),
+        "convnext_wd": ("convnext_base_stem_conv", "convnext_base_stage_0_block_0_pointwise_conv_1",
+                        "convnext_base_stage_3_block_0_pointwise_conv_1", "convnext_base_head_layernorm"),
+        "swinv2_wd": ("swin_patch_embedding", "swin_stage0_block0_mlp1", "swin_stage3_block0_mlp1", "swin_norm"),
+    }[fixture]
+    depth = 2 if fixture == "vit_wd" else 4
+    assert rates[stem] == pytest.approx(DECAY ** (depth + 1), rel=1e-2)
+    assert rates[first] == pytest.approx(DECAY ** depth, rel=1e-2)
+    assert rates[last] == pytest.approx(DECAY, rel=1e-2)
+    assert rates[top] == pytest.approx(1.0, rel=1e-2)
+    # Every layer learns at a power of DECAY, and build order is depth order: a deeper layer never learns slower.
+    # A layer whose gradients are all tiny (SwinV2's position biases) moves less than its rate, as Adam's
+    # epsilon weighs in next to |g|: the power is the one just above the move.
+    powers = [int(np.floor(np.log(rate) / np.log(DECAY) + 0.01)) for rate in rates.values()]
+    assert powers == sorted(powers, reverse=True) and set(powers) == set(range(depth + 2))
+
+
+def test_a_refused_source_writes_nothing_into_the_project(tmp_path, sample_dataset):
+    from click.testing import CliRunner
+
+    from deepdanbooru.cli import main
+    from deepdanbooru.models.files import save_atomic
+    from deepdanbooru.models.timm.source import categories_json
+
+    database, tags = sample_dataset
+    project = make_project(tmp_path / "p", database, tags, layer_decay=DECAY)
+    source = tmp_path / "old.keras"
+    save_atomic(_numbered_layers_model(len(tags)), source, tags)
+    # With categories beside the source, the run would write the project's categories.json.
+    (tmp_path / "old.categories.json").write_text(json.dumps(categories_json([0] * len(tags))))
+    before = _files(project)
+    result = CliRunner().invoke(main, ["train-project", str(project), "--source-model", str(source)])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (f"error: {project / 'project.json'}: layer_decay: cannot tell which stage or block of "
+                             "--source-model old.keras (old_tagger) layer 'conv2d_7' belongs to; layer_decay knows "
+                             "the layers of the models deepdanbooru builds and import-model imports (ViT, ConvNeXt, "
+                             "SwinV2)")
+    assert _files(project) == before

@@ -102,6 +102,9 @@ class SliceTrainer:
             self.optimizer, inner = make_training_optimizer(self.config, self.model, self.policy,
                                                             self.rates.rate(0, 0))
             self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
+        if self.role.is_chief:
+            # Only once the model is made: a --source-model refused there leaves the project as it was.
+            self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
                                        self.monitors, echo)

@@ -78,8 +78,8 @@ FAMILIES: dict[str, Family] = {
                      ParameterGroups(stem=r"^stem_", units=((r"^stage(\d+)_", -1),))),
     # The keras.applications model named by the row's `application`, replayed from built-in layers
     # (models.applications). Its names behind the model's: *_stem_*, *_stage_{0..}_block_{j}_*, the
-    # downsampling before stage i+1 numbered i, the final layer norm auto-named; layer scales are 1x1
-    # depthwise kernels.
+    # downsampling before stage i+1 numbered i, the final layer norm auto-named (import-model's ConvNeXt names
+    # it so too, or *_head_layernorm after the pooling); layer scales are 1x1 depthwise kernels.
     "convnext": Family("deepdanbooru.models.applications:trunk", "deepdanbooru.models.counts:convnext",
                        ParameterGroups(stem=r"_stem_", units=((r"_stage_(\d+)_block_", 0),
                                                              (r"_downsampling_(?:conv|layernorm)_(\d+)$", 1)),

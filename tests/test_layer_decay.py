@@ -250,7 +250,8 @@ def _files(directory: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture, size, row", [("vit_wd", 32, "convnext_tiny"), ("convnext_wd", 32, "vit_small_patch16"),
+@pytest.mark.parametrize("fixture, size, row", [("vit_wd", 32, "convnext_tiny"),
+                                                ("convnext_wd", 32, "vit_small_patch16"),
                                                 ("swinv2_wd", 48, "vit_small_patch16")])
 def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_dataset, fixture, size, row):
     from click.testing import CliRunner
@@ -262,8 +263,8 @@ def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_datase
     # largest move in a layer is its learning rate. rating:general keeps the source's `general` row: the rows of
     # new tags start with a zero kernel, through which no gradient would reach the trunk in the first step.
     database, tags = sample_dataset
-    project = make_project(tmp_path / "p", database, [*tags, "rating:general"], model=row, image_width=size, image_height=size,
-                           epoch_count=1, minibatch_size=24, optimizer="adam", learning_rate=0.01,
+    project = make_project(tmp_path / "p", database, [*tags, "rating:general"], model=row, image_width=size,
+                           image_height=size, epoch_count=1, minibatch_size=24, optimizer="adam", learning_rate=0.01,
                            layer_decay=DECAY)
     result = CliRunner().invoke(main, ["train-project", str(project), "--source-model", str(TIMM / fixture)])
     assert result.exit_code == 0, result.output
@@ -273,7 +274,8 @@ def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_datase
     rates = {}
     for layer in before.layers:
         if layer.trainable_weights and layer.name != "head_dense":
-            moved = [np.abs(a - b).max() for a, b in zip(after.get_layer(layer.name).get_weights(), layer.get_weights())]
+            pairs = zip(after.get_layer(layer.name).get_weights(), layer.get_weights())
+            moved = [np.abs(a - b).max() for a, b in pairs]
             rates[layer.name] = max(moved) / 0.01
     stem, first, last, top = {
         "vit_wd": ("vit_patch_embedding", "vit_block0_mlp1", "vit_block1_mlp1", "vit_norm"),
@@ -309,8 +311,8 @@ def test_a_refused_source_writes_nothing_into_the_project(tmp_path, sample_datas
     before = _files(project)
     result = CliRunner().invoke(main, ["train-project", str(project), "--source-model", str(source)])
     assert result.exit_code == 2, result.output
-    assert result.output.splitlines()[-1] == (f"error: {project / 'project.json'}: layer_decay: cannot tell which stage or block of "
-                             "--source-model old.keras (old_tagger) layer 'conv2d_7' belongs to; layer_decay knows "
-                             "the layers of the models deepdanbooru builds and import-model imports (ViT, ConvNeXt, "
-                             "SwinV2)")
+    assert result.output.splitlines()[-1] == (
+        f"error: {project / 'project.json'}: layer_decay: cannot tell which stage or block of --source-model "
+        "old.keras (old_tagger) layer 'conv2d_7' belongs to; layer_decay knows the layers of the models "
+        "deepdanbooru builds and import-model imports (ViT, ConvNeXt, SwinV2)")
     assert _files(project) == before

@@ -46,7 +46,8 @@ class ModelFiles:
         it, else categories.json beside the tags file; the other of the two when only it exists."""
         beside_tags = self.tags.parent / CATEGORIES_FILE
         own = self.recorded is not None or self.tags == tags_beside(self.model)
-        candidates = (categories_beside(self.model), beside_tags) if own else (beside_tags, categories_beside(self.model))
+        mine = categories_beside(self.model)
+        candidates = (mine, beside_tags) if own else (beside_tags, mine)
         return next((path for path in candidates if path.is_file()), candidates[0])
 
 

@@ -413,9 +413,11 @@ def _exit_if_skipped(summary):
 @click.option("--folder-filters", default=DEFAULT_FOLDER_FILTERS, show_default=True,
               help="Comma-separated file-name patterns for the images in folders.")
 @click.option("--general-threshold", type=click.FloatRange(0.0, 1.0),
-              help="Threshold of the general tags (categories.json beside tags.txt says which).")
+              help="Threshold of the general tags (categories.json beside tags.txt says which, or the "
+                   "<name>.categories.json import-model wrote beside --model-path).")
 @click.option("--character-threshold", type=click.FloatRange(0.0, 1.0),
-              help="Threshold of the character tags (categories.json beside tags.txt says which).")
+              help="Threshold of the character tags (categories.json beside tags.txt says which, or the "
+                   "<name>.categories.json import-model wrote beside --model-path).")
 @click.option("--undesired-tags", default="", metavar="TAG,TAG", help="Comma-separated tags never reported.")
 @click.option("--order-by-score", is_flag=True, help="List each image's tags highest score first (not tags.txt order).")
 @click.option("--save-txt", is_flag=True, help="Write the tags beside each image as <image name>.txt ('tag1, tag2', "

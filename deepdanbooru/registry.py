@@ -25,8 +25,8 @@ APPLICATION_MINIMUM = 32
 class ParameterGroups:
     """What a family declares about its layers, by the names its builder gives them (not by weight shapes).
 
-    Depth, for layer_decay: a model is stem, then units (the ViT's blocks, the CNNs' stages, counted by
-    `unit_count`), then top (final norm, top conv) and the head. `units` maps a layer name to its unit:
+    Depth, for layer_decay: a model is stem, then units (the ViT's blocks, the CNNs' and SwinV2's stages,
+    counted on the model itself), then top (final norm, top conv) and the head. `units` maps a layer name to its unit:
     (pattern, offset), the first group of the first matching pattern plus offset. Weight decay: besides
     every bias and every normalization weight, which no family decays, the layers matching `no_decay`
     keep all their weights undecayed (ConvNeXt's layer scales, the ViT's position table).
@@ -36,11 +36,6 @@ class ParameterGroups:
     units: tuple[tuple[str, int], ...]
     top: str | None = None
     no_decay: str | None = None
-    # "stages": one unit per entry of widths; "blocks": repeats[0] units (the ViT).
-    unit_count: str = "stages"
-
-    def units_of(self, architecture: Architecture) -> int:
-        return architecture.repeats[0] if self.unit_count == "blocks" else len(architecture.widths)
 
     def unit_of(self, layer_name: str) -> int | None:
         """The unit of a trunk layer; -1 for the stem, None for top layers and names this family never builds."""
@@ -70,26 +65,45 @@ class Family:
     finish: str | None = None
 
 
+# Layer names shared by the registry's ViT (models.vit) and import-model's (models.timm.vit), which adds the
+# class and register tokens to the stem, and the final norm's alternatives (fc_norm, the MAP pooling) to the top.
+_VIT_GROUPS = ParameterGroups(
+    stem=r"^vit_(?:patch_embedding|position_embedding|class_token|register_tokens)$",
+    units=((r"^vit_block(\d+)_", 0),), top=r"^vit_(?:norm|fc_norm|map_[a-z_\d]+)$",
+    no_decay=r"^vit_(?:position_embedding|class_token|register_tokens|map_latent)$")
+
 FAMILIES: dict[str, Family] = {
     # models.blocks: ours; stem_*, stage{1..}_block{j}_*.
     "resnet": Family("deepdanbooru.models.blocks:trunk", "deepdanbooru.models.counts:resnet",
                      ParameterGroups(stem=r"^stem_", units=((r"^stage(\d+)_", -1),))),
     # The keras.applications model named by the row's `application`, replayed from built-in layers
     # (models.applications). Its names behind the model's: *_stem_*, *_stage_{0..}_block_{j}_*, the
-    # downsampling before stage i+1 numbered i, the final layer norm auto-named; layer scales are 1x1
-    # depthwise kernels.
+    # downsampling before stage i+1 numbered i, the final layer norm auto-named (import-model's ConvNeXt names
+    # it so too, or *_head_layernorm after the pooling); layer scales are 1x1 depthwise kernels.
     "convnext": Family("deepdanbooru.models.applications:trunk", "deepdanbooru.models.counts:convnext",
                        ParameterGroups(stem=r"_stem_", units=((r"_stage_(\d+)_block_", 0),
                                                              (r"_downsampling_(?:conv|layernorm)_(\d+)$", 1)),
-                                       top=r"_layer_normalization_\d+$", no_decay=r"_layer_scale$")),
+                                       top=r"_(?:layer_normalization_\d+|head_layernorm)$",
+                                       no_decay=r"_layer_scale$")),
     # keras.applications: stem_*, block{1..}{a..}_*, top_*.
     "efficientnetv2": Family("deepdanbooru.models.applications:trunk", "deepdanbooru.models.counts:efficientnetv2",
                              ParameterGroups(stem=r"^stem_", units=((r"^block(\d+)[a-z]_", -1),), top=r"^top_")),
     # models.vit: the patch and position embeddings, vit_block{0..}_*, vit_norm.
-    "vit": Family("deepdanbooru.models.vit:trunk", "deepdanbooru.models.counts:vit",
-                  ParameterGroups(stem=r"^vit_(?:patch|position)_embedding$", units=((r"^vit_block(\d+)_", 0),),
-                                  top=r"^vit_norm$", no_decay=r"^vit_position_embedding$", unit_count="blocks"),
+    "vit": Family("deepdanbooru.models.vit:trunk", "deepdanbooru.models.counts:vit", _VIT_GROUPS,
                   finish="deepdanbooru.models.vit:seed_attention"),
+}
+
+
+# Every family's parameter groups, the registry's and those of the families only import-model builds, in the
+# order layer_decay and weight decay try them on a model they are given (models.optimizers.groups_of).
+PARAMETER_GROUPS: dict[str, ParameterGroups] = {
+    **{name: family.groups for name, family in FAMILIES.items()},
+    # models.timm.swinv2: swin_patch_embedding and its norm, swin_stage{s}_block{j}_*, the patch merging in front
+    # of stage s (swin_merge{s}_*) as part of stage s, swin_norm; the attention's logit scale and position bias
+    # table keep their values (timm's no_weight_decay).
+    "swinv2": ParameterGroups(stem=r"^swin_patch_(?:embedding|norm)$",
+                              units=((r"^swin_stage(\d+)_block\d+_", 0), (r"^swin_merge(\d+)_", 0)),
+                              top=r"^swin_norm$", no_decay=r"_block\d+_(?:scale|position_bias)$"),
 }
 
 

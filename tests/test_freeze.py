@@ -48,12 +48,36 @@ def test_only_the_trunk_freezes_on_every_model_family(name):
     from deepdanbooru.models import build_model
 
     model = build_model(name, (32, 32, 3), 3)
-    BackboneFreeze(model, None, 1, echo=lambda *_: None).at_epoch(0, 1)
+    freeze = BackboneFreeze(model, None, 1, echo=lambda *_: None)
+    freeze.at_epoch(0, 1)
     head = head_layer(model)
     assert head.name in ("head_conv", "head_dense")
     assert [v.path for v in model.trainable_variables] == [v.path for v in head.trainable_variables]
-    BackboneFreeze(model, None, 1, echo=lambda *_: None).at_epoch(1, 1)
+    freeze.at_epoch(1, 1)
     assert len(model.trainable_variables) > 10
+
+
+def test_a_layer_built_non_trainable_stays_so_when_the_trunk_unfreezes():
+    from pathlib import Path
+
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    # An imported SwinV2 stores its shifted windows' masks as the kernels of non-trainable Dense layers.
+    model = import_checkpoint(Path(__file__).parent / "fixtures" / "timm" / "swinv2_wd").model
+    trained = [v.path for v in model.trainable_variables]
+    assert "swin_stage0_block1_mask/kernel" not in trained
+    lines = []
+    freeze = BackboneFreeze(model, None, 1, echo=lines.append)
+    freeze.at_epoch(0, 1)
+    assert [v.path for v in model.trainable_variables] == ["head_dense/kernel", "head_dense/bias"]
+    freeze.at_epoch(1, 1)
+    assert [v.path for v in model.trainable_variables] == trained
+    # No freezing at all (freeze_backbone_epochs 0) changes nothing.
+    freeze = BackboneFreeze(model, None, 0, echo=lines.append)
+    freeze.at_epoch(0, 0)
+    assert [v.path for v in model.trainable_variables] == trained
+    assert lines == ["Backbone frozen for epochs 1 to 1: only the head trains",
+                     "Backbone unfrozen from epoch 2: every layer trains"]
 
 
 def _batches(count, seed=1):

@@ -316,3 +316,38 @@ def test_backbone_weights_folder_must_be_a_checkpoint(tmp_path):
         config.require_backbone_weights()
     shutil.copy(FIXTURES / "vit_token" / "config.json", tmp_path / "ckpt")
     assert config.require_backbone_weights() == tmp_path / "ckpt"
+
+
+@pytest.mark.slow
+def test_evaluate_model_path_reads_the_categories_import_model_wrote(tmp_path):
+    from PIL import Image
+
+    models = tmp_path / "models"
+    assert run_cli("import-model", FIXTURES / "vit_wd", "--save-path", models / "wd.keras").exit_code == 0
+    picture = tmp_path / "picture.png"
+    Image.fromarray((np.random.default_rng(3).random((32, 32, 3)) * 255).astype(np.uint8)).save(picture)
+
+    def reported(*options):
+        result = run_cli("evaluate", picture, "--model-path", models / "wd.keras", "--threshold", "0",
+                         "--format", "json", *options)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["tags"], result.stderr
+
+    everything, _ = reported()
+    assert list(everything) == ["general", "sensitive", "questionable", "explicit", "1girl", "solo", "hatsune_miku"]
+    # wd.categories.json: the four ratings, 1girl and solo general, hatsune_miku a character.
+    tags, stderr = reported("--character-threshold", "1")
+    assert list(tags) == ["general", "sensitive", "questionable", "explicit", "1girl", "solo"]
+    assert "thresholds: 0 for every tag (--threshold); character tags: 1" in stderr
+    middle = (everything["1girl"] + everything["solo"]) / 2
+    tags, _ = reported("--general-threshold", str(middle), "--character-threshold", "0")
+    kept = max(("1girl", "solo"), key=everything.get)
+    assert list(tags) == ["general", "sensitive", "questionable", "explicit", kept, "hatsune_miku"]
+    # A renamed copy has neither its tags nor its categories beside it: the tags inside it still apply, and the
+    # missing categories file is named.
+    (models / "wd.keras").rename(tmp_path / "copy.keras")
+    result = run_cli("evaluate", picture, "--model-path", tmp_path / "copy.keras", "--character-threshold", "0.5")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: --character-threshold: no tag of the model is known as a character tag: "
+                             f"{tmp_path / 'copy.categories.json'} is missing (import-model writes it beside the "
+                             "model it imports; a project's categories.json beside the model serves too)\n")

@@ -1,6 +1,7 @@
 """Parameter groups: what each family exempts from weight decay, and layer_decay's per-variable learning rates."""
 
 import json
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -130,15 +131,83 @@ def test_units_of_convnext_and_vit(convnext_and_vit):
     assert "vit_norm/gamma" not in vit and "head_dense/bias" not in vit
 
 
-def test_a_layer_the_family_does_not_declare_is_refused():
+def _numbered_layers_model(n_tags=2):
+    """A model whose layers Keras numbered (as in a DeepDanbooru 1.0 file): no family places them."""
     inputs = keras.Input(SHAPE)
     x = keras.layers.Conv2D(3, 3, name="conv2d_7")(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(2, name="head_dense")(x))
-    with pytest.raises(ModelError, match="layer_decay: cannot tell which of resnet_small's 4 stages layer 'conv2d_7'"):
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    outputs = keras.layers.Activation("sigmoid", name="output")(keras.layers.Dense(n_tags, name="dense_3")(x))
+    return keras.Model(inputs, outputs, name="old_tagger")
+
+
+def test_a_layer_no_family_places_is_refused_naming_the_network():
+    model = _numbered_layers_model()
+    with pytest.raises(ModelError, match="^layer_decay: cannot tell which stage or block of resnet_small layer "
+                                         "'conv2d_7' belongs to; layer_decay knows the layers of the models "
+                                         r"deepdanbooru builds and import-model imports \(ViT, ConvNeXt, SwinV2\)$"):
         layer_rate_factors(model, "resnet_small", DECAY)
-    with pytest.raises(ModelError, match="^project.json: layer_decay: cannot tell"):
-        layer_rate_factors(model, "resnet_small", DECAY, "project.json")
+    with pytest.raises(ModelError, match="^project.json: layer_decay: cannot tell which stage or block of "
+                                         "--source-model old.keras layer 'conv2d_7'"):
+        layer_rate_factors(model, "resnet_small", DECAY, "project.json", network="--source-model old.keras")
     assert layer_rate_factors(model, "resnet_small", None) == ()
+
+
+# --- networks import-model builds, whatever project.json's `model` row ---
+
+TIMM = Path(__file__).resolve().parent / "fixtures" / "timm"
+IMPORTED = sorted(p.name for p in TIMM.iterdir() if (p / "config.json").is_file())
+
+
+@pytest.mark.parametrize("fixture", IMPORTED)
+def test_every_imported_network_gets_rates_from_its_own_layers(fixture):
+    from deepdanbooru.models.head import head_layer
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    model = import_checkpoint(TIMM / fixture).model
+    # resnet_small's row places none of these layers: the network's own names decide.
+    factors = {id(variable): factor for variable, factor in layer_rate_factors(model, "resnet_small", DECAY)}
+    by_layer = [[factors.get(id(v)) for v in layer.trainable_weights] for layer in model.layers
+                if layer.trainable_weights]
+    first, *_ = by_layer
+    depth = round(np.log(first[0]) / np.log(DECAY)) - 1  # L: the stem learns at DECAY ** (L + 1)
+    assert depth == (2 if fixture.startswith("vit") else 4)
+    # In build order (input to output) a layer never learns slower than one before it; the head at the full rate.
+    rates = [factor if factor is not None else 1.0 for layer in by_layer for factor in layer]
+    assert rates == sorted(rates) and rates[0] == DECAY ** (depth + 1)
+    assert set(rates) == {DECAY ** k for k in range(depth + 2)}
+    assert all(id(v) not in factors for v in head_layer(model).trainable_weights)
+
+
+def test_imported_wd_families_place_stem_stages_and_top():
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    def factors(fixture, name):
+        model = import_checkpoint(TIMM / fixture).model
+        return {v.path: f for v, f in layer_rate_factors(model, name, DECAY)}, \
+            {v.path for v in decay_exempt(model, name) if v.name != "bias"}
+
+    convnext, exempt = factors("convnext_wd", "convnext_tiny")
+    assert convnext["convnext_base_stem_conv/kernel"] == DECAY ** 5
+    assert convnext["convnext_base_stage_0_block_0_depthwise_conv/kernel"] == DECAY ** 4
+    assert convnext["convnext_base_downsampling_conv_0/kernel"] == DECAY ** 3
+    assert convnext["convnext_base_stage_3_block_0_pointwise_conv_2/kernel"] == DECAY
+    assert "convnext_base_head_layernorm/gamma" not in convnext and "head_dense/kernel" not in convnext
+    assert "convnext_base_stage_3_block_0_layer_scale/kernel" in exempt
+    swin, exempt = factors("swinv2_wd", "vit_small_patch16")
+    assert swin["swin_patch_embedding/kernel"] == swin["swin_patch_norm/gamma"] == DECAY ** 5
+    assert swin["swin_stage0_block1_q/kernel"] == DECAY ** 4
+    # The patch merging in front of stage 1 belongs to stage 1.
+    assert swin["swin_merge1_reduction/kernel"] == DECAY ** 3
+    assert swin["swin_stage3_block0_mlp2/kernel"] == DECAY
+    assert "swin_norm/gamma" not in swin and "head_dense/kernel" not in swin
+    assert {"swin_stage0_block0_scale/kernel", "swin_stage0_block0_position_bias/kernel"} <= exempt
+    assert not any("mlp1" in path or "_q/" in path for path in exempt)
+    vit, exempt = factors("vit_registers_layerscale", "convnext_tiny")
+    assert vit["vit_class_token/kernel"] == vit["vit_register_tokens/kernel"] == vit["vit_patch_embedding/kernel"] \
+        == DECAY ** 3
+    assert vit["vit_block1_mlp2/kernel"] == DECAY
+    assert {path for path in exempt if "norm" not in path} == {
+        "vit_class_token/kernel", "vit_register_tokens/kernel", "vit_position_embedding/kernel"}
 
 
 @pytest.mark.parametrize("value, message", [(0, "must be > 0.0"), (1.5, "must be <= 1.0"), ("x", "must be a number")])
@@ -174,3 +243,76 @@ def test_layer_decay_resumes_exactly(tmp_path, sample_dataset):
     inner = getattr(trainer.optimizer, "inner_optimizer", trainer.optimizer)
     factors = {v.path: f for v, f in inner.rate_factors}
     assert factors["stem_conv/kernel"] == pytest.approx(0.6 ** 5) and "head_conv/kernel" not in factors
+
+
+def _files(directory: Path) -> dict:
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None for p in directory.rglob("*")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture, size, row", [("vit_wd", 32, "convnext_tiny"),
+                                                ("convnext_wd", 32, "vit_small_patch16"),
+                                                ("swinv2_wd", 48, "vit_small_patch16")])
+def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_dataset, fixture, size, row):
+    from click.testing import CliRunner
+
+    from deepdanbooru.cli import main
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    # One Adam step (24 posts, batch 24): each weight moves by rate * factor * g / (|g| + epsilon), so the
+    # largest move in a layer is its learning rate. rating:general keeps the source's `general` row: the rows of
+    # new tags start with a zero kernel, through which no gradient would reach the trunk in the first step.
+    database, tags = sample_dataset
+    project = make_project(tmp_path / "p", database, [*tags, "rating:general"], model=row, image_width=size,
+                           image_height=size, epoch_count=1, minibatch_size=24, optimizer="adam", learning_rate=0.01,
+                           layer_decay=DECAY)
+    result = CliRunner().invoke(main, ["train-project", str(project), "--source-model", str(TIMM / fixture)])
+    assert result.exit_code == 0, result.output
+    assert read_state(project)["used_minibatch"] == 1
+    before = import_checkpoint(TIMM / fixture).model
+    after = keras.models.load_model(project / f"model-{row}.keras", compile=False)
+    rates = {}
+    for layer in before.layers:
+        if layer.trainable_weights and layer.name != "head_dense":
+            pairs = zip(after.get_layer(layer.name).get_weights(), layer.get_weights())
+            moved = [np.abs(a - b).max() for a, b in pairs]
+            rates[layer.name] = max(moved) / 0.01
+    stem, first, last, top = {
+        "vit_wd": ("vit_patch_embedding", "vit_block0_mlp1", "vit_block1_mlp1", "vit_norm"),
+        "convnext_wd": ("convnext_base_stem_conv", "convnext_base_stage_0_block_0_pointwise_conv_1",
+                        "convnext_base_stage_3_block_0_pointwise_conv_1", "convnext_base_head_layernorm"),
+        "swinv2_wd": ("swin_patch_embedding", "swin_stage0_block0_mlp1", "swin_stage3_block0_mlp1", "swin_norm"),
+    }[fixture]
+    depth = 2 if fixture == "vit_wd" else 4
+    assert rates[stem] == pytest.approx(DECAY ** (depth + 1), rel=1e-2)
+    assert rates[first] == pytest.approx(DECAY ** depth, rel=1e-2)
+    assert rates[last] == pytest.approx(DECAY, rel=1e-2)
+    assert rates[top] == pytest.approx(1.0, rel=1e-2)
+    # Every layer learns at a power of DECAY, and build order is depth order: a deeper layer never learns slower.
+    # A layer whose gradients are all tiny (SwinV2's position biases) moves less than its rate, as Adam's
+    # epsilon weighs in next to |g|: the power is the one just above the move.
+    powers = [int(np.floor(np.log(rate) / np.log(DECAY) + 0.01)) for rate in rates.values()]
+    assert powers == sorted(powers, reverse=True) and set(powers) == set(range(depth + 2))
+
+
+def test_a_refused_source_writes_nothing_into_the_project(tmp_path, sample_dataset):
+    from click.testing import CliRunner
+
+    from deepdanbooru.cli import main
+    from deepdanbooru.models.files import save_atomic
+    from deepdanbooru.models.timm.source import categories_json
+
+    database, tags = sample_dataset
+    project = make_project(tmp_path / "p", database, tags, layer_decay=DECAY)
+    source = tmp_path / "old.keras"
+    save_atomic(_numbered_layers_model(len(tags)), source, tags)
+    # With categories beside the source, the run would write the project's categories.json.
+    (tmp_path / "old.categories.json").write_text(json.dumps(categories_json([0] * len(tags))))
+    before = _files(project)
+    result = CliRunner().invoke(main, ["train-project", str(project), "--source-model", str(source)])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (
+        f"error: {project / 'project.json'}: layer_decay: cannot tell which stage or block of --source-model "
+        "old.keras (old_tagger) layer 'conv2d_7' belongs to; layer_decay knows the layers of the models "
+        "deepdanbooru builds and import-model imports (ViT, ConvNeXt, SwinV2)")
+    assert _files(project) == before

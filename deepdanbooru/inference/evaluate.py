@@ -12,7 +12,7 @@ from deepdanbooru.inference.caption_files import CaptionOptions, caption_text, e
 from deepdanbooru.inference.output import (FORMATS, drop_undesired, make_writer, print_err, select_tags,
                                            set_category_thresholds, threshold_vector)
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS, TargetError, collect_targets, sidecar_path
-from deepdanbooru.project.categories import tag_categories
+from deepdanbooru.project.categories import read_tag_categories
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.wording import plural
 
@@ -73,7 +73,7 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
     choice = choose_thresholds(files.model, o.threshold, o.thresholds_csv)
     thresholds = threshold_vector(tags, choice.default, choice.csv)
     if o.general_threshold is not None or o.character_threshold is not None:
-        set_category_thresholds(thresholds, tag_categories(tags, files.tags.parent), files.tags.parent,
+        set_category_thresholds(thresholds, read_tag_categories(tags, files.categories), files.categories,
                                 o.general_threshold, o.character_threshold)
     drop_undesired(thresholds, tags, o.undesired_tags, echo_err)
     by_category = "".join(f"; {label} tags: {value}" for label, value in (("general", o.general_threshold),

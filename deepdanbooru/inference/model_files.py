@@ -12,6 +12,7 @@ from pathlib import Path
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.inference.targets import natural_key
 from deepdanbooru.models.vocabulary import read_model_tags
+from deepdanbooru.project.categories import CATEGORIES_FILE, categories_beside
 from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 
@@ -37,6 +38,17 @@ class ModelFiles:
     @property
     def max_image_pixels(self) -> int:
         return self.config.max_image_pixels if self.config else DEFAULT_MAX_IMAGE_PIXELS
+
+    @property
+    def categories(self) -> Path:
+        """The categories file that says which tags are general, character, ...: for a model's own vocabulary
+        (recorded inside it, or the .tags.txt beside it) the `<stem>.categories.json` import-model wrote beside
+        it, else categories.json beside the tags file; the other of the two when only it exists."""
+        beside_tags = self.tags.parent / CATEGORIES_FILE
+        own = self.recorded is not None or self.tags == tags_beside(self.model)
+        mine = categories_beside(self.model)
+        candidates = (mine, beside_tags) if own else (beside_tags, mine)
+        return next((path for path in candidates if path.is_file()), candidates[0])
 
 
 def project_model(config: ProjectConfig) -> Path:

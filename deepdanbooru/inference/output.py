@@ -46,11 +46,12 @@ def threshold_vector(tags, threshold: float, thresholds_csv=None) -> np.ndarray:
     return vector
 
 
-def set_category_thresholds(vector, categories, tags_dir, general=None, character=None) -> None:
+def set_category_thresholds(vector, categories, source, general=None, character=None) -> None:
     """--general-threshold / --character-threshold: one threshold for every tag of that category.
 
     They replace the per-tag CSV's values for those tags too: the user named them for this run.
-    categories: one Danbooru category id (or None) per tag, from categories.json beside tags.txt.
+    categories: one Danbooru category id (or None) per tag, read from the categories file `source`
+    (model_files.ModelFiles.categories).
     """
     for option, value, category in (("--general-threshold", general, GENERAL),
                                     ("--character-threshold", character, CHARACTER)):
@@ -58,8 +59,13 @@ def set_category_thresholds(vector, categories, tags_dir, general=None, characte
             continue
         indices = [index for index, known in enumerate(categories) if known == category]
         if not indices:
-            source = Path(tags_dir) / CATEGORIES_FILE
-            why = "lists none" if source.is_file() else "is missing (download-tags writes it)"
+            if Path(source).is_file():
+                why = "lists none"
+            elif Path(source).name == CATEGORIES_FILE:
+                why = "is missing (download-tags writes it)"
+            else:
+                why = ("is missing (import-model writes it beside the model it imports; a project's categories.json "
+                       "beside the model serves too)")
             raise ModelError(f"{option}: no tag of the model is known as a {LABELS[category]} tag: {source} {why}")
         vector[indices] = value
 

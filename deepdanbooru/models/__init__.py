@@ -7,7 +7,7 @@
     make_loss(name, reduction="sum_over_batch_size", options=None, tag_weights=None) -> keras.losses.Loss
     make_optimizer(name, learning_rate, clipnorm=None, global_clipnorm=None, weight_decay=None,
                    decay_exempt_variables=(), rate_factors=()) -> keras.optimizers.Optimizer
-    optimizers.decay_exempt(model, name), optimizers.layer_rate_factors(model, name, layer_decay)
+    optimizers.decay_exempt(model, name), optimizers.layer_rate_factors(model, name, layer_decay, source, network)
     load_model_file(path) -> keras.Model                   .keras, DeepDanbooru 1.0 .h5
     backbone.load_backbone_weights(model, name, path, input_shape)   backbone_weights
     backbone.build_trunk(name, input_shape) -> keras.Model  the model a trunk weights file is written from

@@ -116,14 +116,20 @@ def load_backbone_weights(model: keras.Model, name: str, path, input_shape) -> i
     return len(pairs)
 
 
-def set_backbone_trainable(model: keras.Model, trainable: bool) -> bool:
-    """Freeze or unfreeze every trunk layer; returns whether anything changed.
+def freezable_layers(model: keras.Model) -> list:
+    """The trunk layers that train, taken before any freeze: a layer its builder made non-trainable (the
+    constants import-model stores as weights, such as SwinV2's shift masks) stays so when the trunk unfreezes."""
+    return [layer for layer in trunk_layers(model) if layer.trainable]
+
+
+def set_backbone_trainable(layers, trainable: bool) -> bool:
+    """Freeze or unfreeze `layers` (`freezable_layers`); returns whether anything changed.
 
     Frozen layers follow Keras' rule: no gradients, and batch normalization
     runs on its moving statistics.
     """
     changed = False
-    for layer in trunk_layers(model):
+    for layer in layers:
         if layer.trainable != trainable:
             layer.trainable = trainable
             changed = True

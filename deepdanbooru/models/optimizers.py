@@ -22,7 +22,7 @@ from deepdanbooru import compat
 from deepdanbooru.errors import ModelError, file_field
 from deepdanbooru.models.head import head_layers
 from deepdanbooru.models.table import get_architecture
-from deepdanbooru.registry import FAMILIES
+from deepdanbooru.registry import FAMILIES, PARAMETER_GROUPS
 
 
 def _fusable(grads_and_vars) -> bool:
@@ -109,57 +109,75 @@ _NORMALIZATION = (keras.layers.BatchNormalization, keras.layers.LayerNormalizati
                   keras.layers.GroupNormalization, keras.layers.UnitNormalization)
 
 
-def _groups(name: str):
-    architecture = get_architecture(name)
-    return architecture, FAMILIES[architecture.family].groups
-
-
-def _owned_variables(model):
-    """(top-level layer, trainable variable) for every trainable variable, nested sublayers' included."""
+def _owned_variables(model, head: bool = True):
+    """(top-level layer, trainable variable) for every trainable variable, nested sublayers' included; with
+    head False, the head's (models.head) left out."""
+    skip = set() if head else {id(layer) for layer in head_layers(model)}
     for layer in model.layers:
-        for variable in layer.trainable_weights:
-            yield layer, variable
+        if id(layer) not in skip:
+            for variable in layer.trainable_weights:
+                yield layer, variable
+
+
+def _placed(groups, layer_name: str) -> bool:
+    return groups.is_top(layer_name) or groups.unit_of(layer_name) is not None
+
+
+def groups_of(model, name: str):
+    """The parameter groups that place every trunk layer of `model` (stem, a unit, or top), found from its
+    layer names: the family of `name`'s registry row first, then every other family's, import-model's
+    included (a --source-model need not be of the row's family: a SwinV2 tagger trained as vit_small_patch16).
+    (groups, None) when one places them all; else (groups placing the most, the first layer it cannot place).
+    """
+    preferred = FAMILIES[get_architecture(name).family].groups
+    candidates = [preferred, *(groups for groups in PARAMETER_GROUPS.values() if groups is not preferred)]
+    names = list(dict.fromkeys(layer.name for layer, _ in _owned_variables(model, head=False)))
+    best, best_unplaced = None, None
+    for groups in candidates:
+        unplaced = [layer_name for layer_name in names if not _placed(groups, layer_name)]
+        if not unplaced:
+            return groups, None
+        if best is None or len(unplaced) < len(best_unplaced):
+            best, best_unplaced = groups, unplaced
+    return best, best_unplaced[0]
 
 
 def decay_exempt(model, name: str) -> list:
     """The trainable variables weight decay must leave alone, as declared, never guessed from shapes.
 
     Every family: each bias (Keras names every layer's bias, nested ones such as MultiHeadAttention's
-    projections' too, "bias") and every weight of a normalization layer. Then the layers the family
-    declares in deepdanbooru.registry's FAMILIES `no_decay` (ConvNeXt's layer scales, the ViT's position table).
+    projections' too, "bias") and every weight of a normalization layer. Then the layers the model's family
+    (`groups_of`) declares `no_decay` in deepdanbooru.registry's PARAMETER_GROUPS (ConvNeXt's layer scales, the
+    ViT's position table and tokens, SwinV2's logit scales and position biases).
     """
-    _, groups = _groups(name)
+    groups, _ = groups_of(model, name)
     return [variable for layer, variable in _owned_variables(model)
             if variable.name == "bias" or isinstance(layer, _NORMALIZATION) or not groups.decays(layer.name)]
 
 
-def layer_rate_factors(model, name: str, layer_decay: float | None, source=None) -> tuple:
+def layer_rate_factors(model, name: str, layer_decay: float | None, source=None, network: str | None = None) -> tuple:
     """((variable, factor), ...) for layer-wise learning-rate decay (BEiT's and timm's fine-tuning rule).
 
-    With L units (the ViT's blocks, a CNN's stages; deepdanbooru.registry's FAMILIES), unit i (from 0) gets
-    layer_decay ** (L - i), the stem (patch and position embeddings) layer_decay ** (L + 1), the top layers
-    and the head 1. None: no factors. A layer the family's declaration does not place (a model not built
-    by deepdanbooru, such as a DeepDanbooru 1.0 file) is a ModelError naming it.
+    The stem, units and top come from the model's own layer names (`groups_of`), so a --source-model of
+    any family import-model builds (ViT, ConvNeXt, SwinV2) is placed whatever project.json's `model` says.
+    With L units (the ViT's blocks, a hierarchical network's stages, counted on the model), unit i (from 0)
+    gets layer_decay ** (L - i), the stem (patch and position embeddings, tokens) layer_decay ** (L + 1), the
+    top layers and the head 1. None: no factors. A layer no family places (a model not built by deepdanbooru
+    or import-model, such as a DeepDanbooru 1.0 file) is a ModelError naming it and `network` (what the
+    model is, e.g. the --source-model; default `name`), in `source`'s layer_decay field when given.
     """
     if layer_decay is None:
         return ()
-    architecture, groups = _groups(name)
-    head = {id(layer) for layer in head_layers(model)}
-    trunk = [(layer, variable) for layer, variable in _owned_variables(model)
-             if id(layer) not in head and not groups.is_top(layer.name)]
-    units = [groups.unit_of(layer.name) for layer, _ in trunk]
-    # L is counted on the model itself: a --source-model (an imported ViT of 6 blocks, say) need not be as
-    # deep as the registry row of project.json's `model`.
-    placed = [unit for unit in units if unit is not None and unit >= 0]
-    count = max(placed) + 1 if placed else groups.units_of(architecture)
-    factors = []
-    for (layer, variable), unit in zip(trunk, units):
-        if unit is None:
-            message = (f"cannot tell which of {name}'s {count} {groups.unit_count} layer {layer.name!r} belongs "
-                       f"to; layer_decay needs a {name} built by deepdanbooru")
-            raise ModelError(file_field(source, "layer_decay", message) if source else f"layer_decay: {message}")
-        factors.append((variable, layer_decay ** (count - unit)))
-    return tuple(factors)
+    groups, unplaced = groups_of(model, name)
+    if unplaced is not None:
+        message = (f"cannot tell which stage or block of {network or name} layer {unplaced!r} belongs to; "
+                   f"layer_decay knows the layers of the models deepdanbooru builds and import-model imports "
+                   f"(ViT, ConvNeXt, SwinV2)")
+        raise ModelError(file_field(source, "layer_decay", message) if source else f"layer_decay: {message}")
+    trunk = [(variable, groups.unit_of(layer.name)) for layer, variable in _owned_variables(model, head=False)
+             if not groups.is_top(layer.name)]
+    count = max((unit for _, unit in trunk), default=-1) + 1
+    return tuple((variable, layer_decay ** (count - unit)) for variable, unit in trunk)
 
 
 def make_optimizer(name: str, learning_rate: float, clipnorm: float | None = None,

@@ -3,7 +3,8 @@
 download-tags writes `categories.json` beside tags.txt in DeepDanbooru's
 format: a list of {"name", "start_index"} saying where each category starts in
 tags.txt. Without that file a tag starting with `rating:` is a rating tag and
-every other tag is unknown (None).
+every other tag is unknown (None). import-model writes the same format beside
+the model it imports, as `<stem>.categories.json` (`categories_beside`).
 
 The numbers are Danbooru's category ids, which the WD tagger bundle's
 `selected_tags.csv` uses too; 9 is the bundle's number for rating tags.
@@ -59,9 +60,21 @@ def parse_categories(text: str, source, n_tags: int) -> list[int]:
     return categories
 
 
+def categories_beside(model) -> Path:
+    """The `<stem>.categories.json` import-model writes beside the model it imports (a float32 copy shares its
+    model's), whether it exists or not."""
+    model = Path(model)
+    return model.with_name(f"{model.stem.removesuffix('.float32')}.categories.json")
+
+
 def tag_categories(tags, directory) -> list[int | None]:
     """Category id per tag: from DIRECTORY/categories.json if present; `rating:` tags are always ratings."""
-    path = Path(directory) / CATEGORIES_FILE
+    return read_tag_categories(tags, Path(directory) / CATEGORIES_FILE)
+
+
+def read_tag_categories(tags, path) -> list[int | None]:
+    """Category id per tag: from the categories file `path` if present; `rating:` tags are always ratings."""
+    path = Path(path)
     if path.is_file():
         try:
             text = path.read_text(encoding="utf-8")

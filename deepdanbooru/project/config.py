@@ -335,8 +335,9 @@ KEYS: tuple[Key, ...] = (
         "float or null", ">= 0", spec=False),
     Key("layer_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True),
         "layer-wise learning-rate decay for fine-tuning: with L blocks (vit) or stages (resnet, convnext, "
-        "efficientnetv2), block i from 0 learns at the rate times layer_decay ** (L - i), the stem at "
-        "layer_decay ** (L + 1), the head at the rate itself (null: off)", "float or null", "0 < d <= 1",
+        "efficientnetv2, swinv2), counted on the model trained (a --source-model's own), block i from 0 learns "
+        "at the rate times layer_decay ** (L - i), the stem at layer_decay ** (L + 1), the head at the rate "
+        "itself (null: off)", "float or null", "0 < d <= 1",
         spec=False),
     Key("lr_schedule", "steps", _choice(LR_SCHEDULES),
         "steps: learning_rate / learning_rates per epoch; warmup_cosine: per minibatch, linear warmup to "

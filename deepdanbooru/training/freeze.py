@@ -2,7 +2,8 @@
 
 Which layers freeze is models.head's one definition of the head: everything
 with weights but the per-tag layer, on every model family and on DeepDanbooru
-files whose layers Keras numbered.
+files whose layers Keras numbered. A layer built non-trainable (a constant
+stored as weights, such as an imported SwinV2's shift masks) is never unfrozen.
 
 Where the trunk unfreezes, the optimizer starts afresh: its step count and
 every moment go back to zero, as recompiling does in Keras's transfer-learning
@@ -16,7 +17,7 @@ step as the run that never stopped.
 
 from __future__ import annotations
 
-from deepdanbooru.models.backbone import set_backbone_trainable
+from deepdanbooru.models.backbone import freezable_layers, set_backbone_trainable
 
 
 def reset_optimizer_state(optimizer) -> None:
@@ -32,7 +33,8 @@ class BackboneFreeze:
     """Sets the trunk's trainable flag at each epoch start and restarts the optimizer where it unfreezes."""
 
     def __init__(self, model, optimizer, epochs: int, on_change=None, echo=print):
-        self.model = model
+        """`model` as built, before any freeze: its trainable trunk layers are the ones frozen and unfrozen."""
+        self.layers = freezable_layers(model)
         self.optimizer = optimizer  # the inner optimizer, whose state the checkpoint holds
         self.epochs = int(epochs)
         self.on_change = on_change  # called when the trainable variables changed (the step must trace again)
@@ -44,7 +46,7 @@ class BackboneFreeze:
     def at_epoch(self, used_epoch: int, offset: int) -> None:
         """Call before training at (used_epoch, offset), at every epoch start and after a resume."""
         frozen = self.frozen(used_epoch)
-        if set_backbone_trainable(self.model, not frozen):
+        if set_backbone_trainable(self.layers, not frozen):
             if self.on_change is not None:
                 self.on_change()
             self.echo(f"Backbone frozen for epochs 1 to {self.epochs}: only the head trains" if frozen

@@ -104,6 +104,9 @@ class SliceTrainer:
             self.optimizer, inner = make_training_optimizer(self.config, self.model, self.policy,
                                                             self.rates.rate(0, 0))
             self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
+        if self.role.is_chief:
+            # Only once the model is made: a --source-model refused there leaves the project as it was.
+            self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
         # What every checkpoint records and every line names: the network that trains, and its source.
         self.network = Network.of(self.model, recorded.source if recorded else plan.source_model)

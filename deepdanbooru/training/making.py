@@ -11,7 +11,8 @@ kinds of start, each one branch of `_start`:
 - resuming a checkpoint of a --source-model run: the network it records (training.network), with or
   without --source-model, the source's files not read again.
 With a source that records categories (selected_tags.csv, import-model's categories.json) and a
-project without categories.json, the chief writes one for the tags they share (training.source).
+project without categories.json, the chief writes one for the tags they share (training.source), once
+the source is loaded and layer_decay has placed its layers: a refused source writes nothing.
 The head (per-tag layer) is models.head's one definition in every branch.
 """
 
@@ -25,6 +26,7 @@ from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.models import build_model, load_model_file
 from deepdanbooru.models.backbone import load_backbone_weights
 from deepdanbooru.models.head import grow_vocabulary, set_head_bias
+from deepdanbooru.models.optimizers import layer_rate_factors
 from deepdanbooru.models.precision import global_policy, with_policy
 from deepdanbooru.project.tags import tag_counts
 from deepdanbooru.training.network import Network
@@ -89,8 +91,6 @@ def _start(plan, policy, priors, resuming, echo, write_report) -> keras.Model:
         return model
     if config.backbone_weights is not None and not resuming:
         echo(f"notice: --source-model gives every weight; backbone_weights of {config.config_path} is not used")
-    if plan.source is not None and write_report:
-        carry_categories(plan, echo)
     if plan.source is not None and plan.source.folder:
         from deepdanbooru.models.timm.checkpoint import import_checkpoint
 
@@ -106,6 +106,11 @@ def _start(plan, policy, priors, resuming, echo, write_report) -> keras.Model:
     else:
         # Loaded outside our control (maybe compiled, maybe another policy): rebuilt uncompiled under ours.
         loaded = load_model_file(plan.source_model)
+    # Every check of the source before the first file it leads to is written (categories.json, the report).
+    layer_rate_factors(loaded, config.model, config.layer_decay, config.config_path,
+                       network=f"--source-model {plan.source_model.name} ({loaded.name})")
+    if plan.source is not None and write_report:
+        carry_categories(plan, echo)
     return with_policy(grow(loaded, plan, priors, echo, write_report), policy)
 
 

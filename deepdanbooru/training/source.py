@@ -95,7 +95,7 @@ def source_model_tags(source_model: Path, source_tags=None) -> tuple[str, ...] |
 
 def _categories_beside(path: Path, tags) -> tuple[int, ...] | None:
     """The `<stem>.categories.json` import-model writes beside the model, when it fits the tags."""
-    candidate = path.with_name(path.stem.removesuffix(".float32") + ".categories.json")
+    candidate = cat.categories_beside(path)
     if tags is None or not candidate.is_file():
         return None
     try:

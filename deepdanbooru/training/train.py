@@ -151,7 +151,6 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
         if plan.role.is_chief:
             # Holding the lock, any partial export left here belongs to a dead run.
             remove_partial_exports(plan.paths.root)
-            plan.paths.logs.mkdir(parents=True, exist_ok=True)
         with cluster_failures(plan.role, plan.paths.checkpoints):
             if plan.role.in_cluster:
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")

@@ -188,6 +188,7 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
     if not plan.positions(cat.GENERAL) and not plan.positions(cat.CHARACTER):
         raise TagsError(file_field(tags_path, None, "has no general or character tag for the bundle"))
     files = resolve_model_files(project_path, model_path)
+    echo(f"Model: {files.model} ({files.kind})")
     counts = tag_counts(load_records(config.require_database(), config.minimum_tag_count,
                                   config.image_extensions).tag_strings, tags)
     records = select_records(config, split, start_id, end_id)  # a split without records fails before converting

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from deepdanbooru.cli import main
-from deepdanbooru.inference.model_files import resolve_model_files
+from deepdanbooru.inference.model_files import resolve_model_files, resolve_model_source
 
 MODEL = "resnet_small"
 
@@ -22,7 +22,8 @@ def tiny_model(n_tags):
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((32, 32, 3))
-    x = keras.layers.GlobalAveragePooling2D()(inputs)
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)  # grad-cam needs a convolution
+    x = keras.layers.GlobalAveragePooling2D()(x)
     return keras.Model(inputs, keras.layers.Dense(n_tags, activation="sigmoid")(x))
 
 
@@ -79,6 +80,14 @@ def test_evaluate_and_evaluate_project_take_the_best_export_over_the_stopped_one
         result = run_cli(*command)
         assert result.exit_code == 0, result.output
         assert result.stderr.splitlines()[0].startswith(best_line(project) + "; thresholds: ")
+
+
+def test_grad_cam_and_conv2tflite_take_the_best_export_too(project, image, tmp_path):
+    result = run_cli("grad-cam", project, image, "--save-path", tmp_path / "maps")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == best_line(project)
+    assert resolve_model_source(project) == (project / f"model-{MODEL}.best.keras",
+                                             best_line(project).split(" (", 1)[1][:-1])
 
 
 def test_evaluate_project_metrics_takes_the_best_export(project):

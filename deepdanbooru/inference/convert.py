@@ -295,7 +295,8 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, load_config
 
-    model_file = resolve_model_source(project_path, model_path)
+    model_file, kind = resolve_model_source(project_path, model_path)
+    echo(f"Model: {model_file} ({kind})")
     output_format = choose_format(save_path, output_format)
     model = load_model_file(model_file)
     images = None

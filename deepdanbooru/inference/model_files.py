@@ -39,15 +39,11 @@ class ModelFiles:
         return self.config.max_image_pixels if self.config else DEFAULT_MAX_IMAGE_PIXELS
 
 
-def project_model(config: ProjectConfig) -> Path:
-    """The project's final export; else the float32 copy of it; else what a --time-limit stop exported;
-    else DeepDanbooru's legacy .h5; the best export instead of any of them when it scored better."""
-    return _project_model(config)[0]
-
-
 def _project_model(config: ProjectConfig) -> tuple[Path, str]:
-    """(file, what it is). The float32 copy comes first only when the main export is missing; a
-    mixed-precision export still answers in float32 (its output layer is float32).
+    """(file, what it is): the project's final export; else the float32 copy of it; else what a --time-limit
+    stop exported; else DeepDanbooru's legacy .h5; the best export instead of any of them when its validation
+    beat theirs. The float32 copy comes first only when the main export is missing; a mixed-precision export
+    still answers in float32 (its output layer is float32).
     """
     paths = ProjectPaths(config.project_dir)
     final = paths.final_export(config.model)
@@ -157,16 +153,16 @@ def thresholds_beside(model: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def resolve_model_source(project_path=None, model_path=None) -> Path:
-    """The model file alone (conversion needs no tags): --model-path wins over the project's export."""
+def resolve_model_source(project_path=None, model_path=None) -> tuple[Path, str]:
+    """(the model file alone, what it is): conversion needs no tags; --model-path wins over the project's export."""
     if model_path is not None:
         model = Path(model_path)
         if not model.is_file():
             raise ModelError(file_field(model, None, "model file not found"))
-        return model
+        return model, "the file given with --model-path"
     if project_path is None:
         raise ModelSourceError("give --project-path or --model-path")
-    return project_model(load_config(project_path, uses=MODEL_KEYS))
+    return _project_model(load_config(project_path, uses=MODEL_KEYS))
 
 
 DEFAULT_THRESHOLD = 0.5

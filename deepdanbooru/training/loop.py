@@ -1,5 +1,6 @@
 """The slice loop: train, checkpoint, resume, export (docs/training.md).
 
+    (a fresh run from --source-model: validate the starting weights at step 0, training.start)
     while used_epoch < epoch_count:
         order = permutation(train records, seed=(seed, random_seed))
         learning rate = schedule(used_epoch); trunk frozen or not (freeze_backbone_epochs)

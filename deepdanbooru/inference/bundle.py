@@ -188,7 +188,6 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
     if not plan.positions(cat.GENERAL) and not plan.positions(cat.CHARACTER):
         raise TagsError(file_field(tags_path, None, "has no general or character tag for the bundle"))
     files = resolve_model_files(project_path, model_path)
-    echo(f"Model: {files.model} ({files.kind})")
     counts = tag_counts(load_records(config.require_database(), config.minimum_tag_count,
                                   config.image_extensions).tag_strings, tags)
     records = select_records(config, split, start_id, end_id)  # a split without records fails before converting
@@ -200,6 +199,8 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
     configure_devices(allow_gpu)
     content, function, difference, samples, model_size = _convert(files.model, tags_path, len(tags), plan, size,
                                                                   FLOAT_TOLERANCE, directory)
+    # Once the model has converted: a model that does not fit gets its one line alone.
+    echo(f"Model: {files.model} ({files.kind})")
     echo(f"Measuring {files.model} on the {split} split, pictures fed as the tools feed them ...")
     measured = measure_as_tools(function, records, tags, plan, size, batch_size, config, echo)
     result = measured.result

@@ -191,10 +191,10 @@ def grad_cam_command(project_path, target, output=".", threshold=0.5, allow_gpu=
     """The grad-cam command: TARGET is an image or a folder (searched recursively)."""
     paths = collect_targets([target], allow_folder=True)
     files = resolve_model_files(project_path)
-    echo_err(f"Model: {files.model} ({files.kind})")
     tags = load_tags(files.tags)
     configure_devices(allow_gpu)
     tagger = load_tagger(files, tags)
+    echo_err(f"Model: {files.model} ({files.kind})")  # once it loaded: a bad model gets its one error line alone
     explainer = Explainer(tagger.model)
     output = Path(output)
     folders = UniqueNames()

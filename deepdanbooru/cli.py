@@ -366,7 +366,9 @@ def _model_source_options(command):
     command = click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
                            help="A .keras (or DeepDanbooru .h5) model file instead of the project's export.")(command)
     command = click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
-                           help="Project whose final export (model-<model>.keras, else .h5) and tags.txt are used.")(command)
+                           help="Project whose export and tags.txt are used: the final export (model-<model>.keras, "
+                                "else a --time-limit stop's, else .h5), or the best one when it validated better "
+                                "(docs/evaluation.md).")(command)
     return command
 
 
@@ -478,7 +480,8 @@ _METRICS_ONLY = ("model_path", "split", "start_id", "end_id")
               help="Instead of tagging TARGET, measure the model on the project's labelled records and print the "
                    "validation metrics (docs/metrics.md).")
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
-              help="With --metrics: the model file to measure [default: the project's final export].")
+              help="With --metrics: the model file to measure [default: the project's final export, or its best "
+                   "one when that validated better].")
 @alias("--model", "model_path", type=click.Path(dir_okay=False, path_type=str))
 @_record_options("With --metrics: ")
 @click.pass_context
@@ -548,7 +551,7 @@ def grad_cam(project_path, target, save_path, threshold, allow_gpu):
 
 @main.command("conv2tflite")
 @click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
-              help="Convert the project's final export.")
+              help="Convert the project's final export (or its best one when that validated better).")
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="Convert this .keras (or .h5) file instead.")
 @click.option("--save-path", required=True, type=click.Path(dir_okay=False, path_type=str),
@@ -606,7 +609,8 @@ def import_model(source, save_path, channel_order, overwrite):
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.argument("save_path", type=click.Path(dir_okay=True, file_okay=False, path_type=str))
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
-              help="The model to bundle [default: the project's final export].")
+              help="The model to bundle [default: the project's final export, or its best one when that "
+                   "validated better].")
 @_record_options("Thresholds and metrics: ")
 @click.option("--size", type=click.IntRange(min=1), default=448, show_default=True,
               help="The ONNX input's side in pixels (kohya's tagger always feeds 448); the graph resizes to the "

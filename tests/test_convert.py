@@ -106,7 +106,8 @@ def test_project_export_is_converted_and_compared_on_real_images(sample_project,
     result = run_cli("conv2tflite", "--project-path", sample_project, "--save-path", output,
                      *[arg for image in real for arg in ("--sample-image", image)])
     assert result.exit_code == 0, result.output
-    assert f"Converted {sample_project / 'model-resnet_small.keras'}" in result.output
+    assert f"Converted {sample_project / 'model-resnet_small.keras'} (the project's final export) to {output}" \
+        in result.output
     assert "on 10 sample inputs" in result.output
     assert output.stat().st_size > 100_000
 

@@ -1,5 +1,7 @@
 """freeze_backbone_epochs across the features it meets: DeepDanbooru-style models, every optimizer, exports."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -147,12 +149,15 @@ def test_deepdanbooru_h5_source_freezes_its_trunk_and_the_best_export_is_whole(t
     database, tags = sample_dataset
     source = tmp_path / "deepdanbooru-v1.h5"
     write_tf_keras2_h5(source, n_tags=len(tags), mixed=False)
+    # By loss, which the head's first steps lower: a validation in the frozen epoch beats the source's start
+    # (the first best, at step 0) and exports the best model while the trunk is frozen.
     keys = dict(image_width=16, image_height=16, freeze_backbone_epochs=1, epoch_count=1,
-                validation_fraction=0.25, validation_frequency_slices=1)
+                validation_fraction=0.25, validation_frequency_slices=1, best_model_metric="loss")
     project = make_project(tmp_path / "frozen", database, tags, **keys)
     lines = []
     train_project(project, source_model=source, echo=lines.append)
     assert "Backbone frozen for epochs 1 to 1: only the head trains" in lines
+    assert json.loads((project / "model-resnet_small.best.json").read_text())["used_minibatch"] > 0
     best = keras.models.load_model(project / "model-resnet_small.best.keras")
     assert all(layer.trainable for layer in best.layers)
     original = keras.models.load_model(source, compile=False)

@@ -288,6 +288,55 @@ def test_best_value_survives_a_checkpoint_round_trip(tmp_path):
     assert changed.best is None
 
 
+def test_the_start_of_a_fine_tune_is_the_first_best_and_best_json_keeps_it(tmp_path):
+    model = tiny_model()
+    path = tmp_path / "model-tiny.best.keras"
+    tags = [f"t{i}" for i in range(N_TAGS)]
+    lines = []
+    first = BestModelMonitor(path, "macro_f1", tags, echo=lines.append)
+    first.on_train_begin(run_info(tmp_path, model=model))
+    mark(model, 0)
+    first.on_validation(report(0, trigger="start", macro_f1=0.3), {})
+    mark(model, 2)
+    first.on_validation(report(2, macro_f1=0.2), {})  # worse than the start: the best export stays the start
+    assert saved_mark(path) == 0
+    prefix = tf.train.Checkpoint(best=first.state).save(str(tmp_path / "ckpt"))
+    first.on_train_stopped(progress(2))
+    assert lines[-1] == ("Best: model-tiny.best.keras holds the starting weights (the source model as it was, "
+                         "macro_f1 0.3000 at step 0); no validation since beat them")
+    written = json.loads(best_json_path(path).read_text())
+    assert written["used_minibatch"] == 0 and written["start"] == {"metric": "macro_f1", "value": 0.3,
+                                                                   "used_minibatch": 0}
+
+    resumed = BestModelMonitor(path, "macro_f1", tags, echo=lines.append)
+    tf.train.Checkpoint(best=resumed.state).restore(prefix).assert_consumed()
+    resumed.on_train_begin(run_info(tmp_path, resumed_at=2, model=model))
+    assert lines[-1] == "Best so far: macro_f1 0.3000 at step 0 (model-tiny.best.keras)"
+    mark(model, 4)
+    resumed.on_validation(report(4, macro_f1=0.35), {})
+    resumed.on_train_end(progress(4))
+    assert saved_mark(path) == 4 and not lines[-1].startswith("Best: ")
+    written = json.loads(best_json_path(path).read_text())
+    assert (written["used_minibatch"], written["previous"]) == (4, 0.3)
+    assert written["start"] == {"metric": "macro_f1", "value": 0.3, "used_minibatch": 0}  # carried over the resume
+
+
+def test_history_of_a_fresh_run_starts_at_step_0_and_keeps_nothing_of_an_earlier_one(tmp_path):
+    path = tmp_path / "logs" / "history.jsonl"
+    for attempt in range(2):  # the second fresh start (checkpoints deleted) drops the first one's lines
+        monitor = HistoryMonitor(path, echo=lambda _: None)
+        monitor.on_train_begin(run_info(tmp_path))
+        monitor.on_validation(report(0, trigger="start"), {})
+        monitor.on_step_log(step_log(1, loss=1.0))
+        monitor.close()
+    assert [(r["kind"], r["used_minibatch"]) for r in read_history(path)] == [("validation", 0), ("train", 1)]
+    resumed = HistoryMonitor(path, echo=lambda _: None)
+    resumed.on_train_begin(run_info(tmp_path, resumed_at=1))
+    resumed.on_step_log(step_log(2, loss=1.0))
+    resumed.close()
+    assert [r["used_minibatch"] for r in read_history(path)] == [0, 1, 2]
+
+
 def test_best_state_starts_empty():
     assert BestState().get() is None
 
@@ -338,6 +387,16 @@ def test_console_prints_each_validation_and_the_final_one_last(tmp_path):
     assert lines[-4].endswith("; new best macro_f1, saved m.best.keras")
     assert lines[-2].startswith("Training complete: ")
     assert lines[-1].startswith("Final validation (step 8, 4 records): micro-F1 0.6250, ")
+
+
+def test_a_time_limit_stop_calls_its_figures_the_stop_not_final(tmp_path):
+    lines = []
+    console = ConsoleMonitor(lines.append)
+    console.on_train_begin(run_info(tmp_path))
+    console.on_validation(report(8, micro_f1=0.625), {})
+    console.on_train_stopped(progress(8))
+    assert lines[-1].startswith("Validation at the stop (step 8, 4 records): micro-F1 0.6250, ")
+    assert not any(line.startswith("Final") for line in lines)
 
 
 def test_console_without_validation_ends_with_training_complete(tmp_path):

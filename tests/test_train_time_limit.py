@@ -157,7 +157,8 @@ def test_best_model_survives_a_chain_of_time_limit_stops(tmp_path, sample_datase
         train_project(project, echo=lines.append, time_limit=1e-3)
         if not lines[-1].startswith("Stopped for the time limit"):
             break
-        assert any(line.startswith("Final validation (step ") for line in lines)
+        assert any(line.startswith("Validation at the stop (step ") for line in lines)
+        assert not any(line.startswith("Final validation") for line in lines)
         assert not (project / "model-resnet_small.keras").exists()
     assert read_state(project)["complete"]
     validations = [r for r in read_history(project / "logs" / "history.jsonl") if r.get("kind") == "validation"]

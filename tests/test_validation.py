@@ -198,9 +198,8 @@ def test_evaluate_project_metrics_match_the_exports(validated):
         assert result.exit_code == 0, result.output
         return json.loads(result.output.strip().splitlines()[-1])
 
-    final = metrics_of()
+    final = metrics_of("--model-path", str(project / f"{MODEL}.keras"))
     assert final["records"] == 4 and final["skipped"] == 0 and final["split"] == "validation"
-    assert final["model"].endswith(f"{MODEL}.keras")
     assert final["metrics"] == json.loads((project / f"{MODEL}.metrics.json").read_text())["metrics"]
     # The published figures (docs/metrics.md) are in both; no categories.json here, so no per-category ones.
     published = ("pr_threshold", "pr_precision", "pr_recall", "pr_f1", "macro_f1_040", "macro_mcc_040")
@@ -209,18 +208,26 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     assert not any(key.startswith(("general_", "character_")) for key in final["metrics"])
     best = metrics_of("--model-path", str(project / f"{MODEL}.best.keras"))
     assert best["metrics"] == json.loads((project / f"{MODEL}.best.json").read_text())["metrics"]
-    assert (final["model_kind"], best["model_kind"]) == ("the project's final export",
+    assert (final["model_kind"], best["model_kind"]) == ("the file given with --model-path",
                                                          "the project's best model (--model-path)")
+    # Without --model-path: the best export, whose macro-F1 beats the final one's (an earlier step was best).
+    assert best["metrics"]["macro_f1"] > final["metrics"]["macro_f1"]
+    chosen = metrics_of()
+    assert chosen["model"] == str(project / f"{MODEL}.best.keras") and chosen["metrics"] == best["metrics"]
     assert metrics_of("--threshold", "0.3")["metrics"]["threshold"] == 0.3
     ranged = metrics_of("--split", "all", "--start-id", "5", "--end-id", "12")
     assert (ranged["records"], ranged["first_id"], ranged["last_id"], ranged["split"]) == (8, 5, 12, "all")
 
     text = runner.invoke(main, ["evaluate-project", str(project), "--metrics"])
     assert text.exit_code == 0, text.output
-    assert text.output.splitlines()[0] == f"Model: {project / MODEL}.keras (the project's final export)"
+    assert text.output.splitlines()[0] == (
+        f"Model: {project / MODEL}.best.keras (the project's best model by macro_f1: {best['metrics']['macro_f1']:.4f} "
+        f"on validation at step {json.loads((project / f'{MODEL}.best.json').read_text())['used_minibatch']}, better "
+        f"than {final['metrics']['macro_f1']:.4f} of {MODEL}.keras, the project's final export; --model-path takes "
+        "another)")
     rows = dict(line.split(None, 1) for line in text.output.splitlines()[2:])
-    assert rows["micro_f1"] == f"{final['metrics']['micro_f1']:.4f}" and rows["samples"] == "4"
-    assert rows["pr_threshold"] == f"{final['metrics']['pr_threshold']:.4f}"
+    assert rows["micro_f1"] == f"{chosen['metrics']['micro_f1']:.4f}" and rows["samples"] == "4"
+    assert rows["pr_threshold"] == f"{chosen['metrics']['pr_threshold']:.4f}"
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -5,7 +5,7 @@ Standard library (importable without TensorFlow, checked before it loads):
     targets.natural_key(text), targets.sidecar_path(image, extension) -> image.txt
     caption_files.existing_captions(images, CaptionOptions(...)), caption_files.caption_text(tags, existing)
     model_files.resolve_model_files(project_path, model_path, tags_path) -> ModelFiles(model, tags, config)
-    model_files.resolve_model_source(project_path, model_path) -> Path
+    model_files.resolve_model_source(project_path, model_path) -> (Path, what it is)
     names.safe_file_name(name), names.UniqueNames()
     bundle_rows.plan_rows(tags, categories) -> BundleRows: WD's four ratings, then general, then character
 numpy (and Pillow):

@@ -199,6 +199,8 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
     configure_devices(allow_gpu)
     content, function, difference, samples, model_size = _convert(files.model, tags_path, len(tags), plan, size,
                                                                   FLOAT_TOLERANCE, directory)
+    # Once the model has converted: a model that does not fit gets its one line alone.
+    echo(f"Model: {files.model} ({files.kind})")
     echo(f"Measuring {files.model} on the {split} split, pictures fed as the tools feed them ...")
     measured = measure_as_tools(function, records, tags, plan, size, batch_size, config, echo)
     result = measured.result

@@ -295,7 +295,7 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.project.config import DEFAULT_MAX_IMAGE_PIXELS, load_config
 
-    model_file = resolve_model_source(project_path, model_path)
+    model_file, kind = resolve_model_source(project_path, model_path)
     output_format = choose_format(save_path, output_format)
     model = load_model_file(model_file)
     images = None
@@ -309,7 +309,7 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
                                  load_sample_images(sample_images, shape[1], shape[2], limit)])
     report = convert_model(model, save_path, output_format, optimize_default, optimize_sparsity, tolerance,
                            images)
-    echo(f"Converted {model_file} to {report.path} ({report.output_format}, {report.size_bytes:,} bytes)")
+    echo(f"Converted {model_file} ({kind}) to {report.path} ({report.output_format}, {report.size_bytes:,} bytes)")
     echo(f"Largest absolute difference from Keras on {report.samples} sample inputs: "
          f"{report.max_abs_difference:.3g} (tolerance {report.tolerance:g})")
     return report

@@ -194,6 +194,7 @@ def grad_cam_command(project_path, target, output=".", threshold=0.5, allow_gpu=
     tags = load_tags(files.tags)
     configure_devices(allow_gpu)
     tagger = load_tagger(files, tags)
+    echo_err(f"Model: {files.model} ({files.kind})")  # once it loaded: a bad model gets its one error line alone
     explainer = Explainer(tagger.model)
     output = Path(output)
     folders = UniqueNames()

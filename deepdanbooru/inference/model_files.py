@@ -51,15 +51,11 @@ class ModelFiles:
         return next((path for path in candidates if path.is_file()), candidates[0])
 
 
-def project_model(config: ProjectConfig) -> Path:
-    """The project's final export; else the float32 copy of it; else what a --time-limit stop exported;
-    else DeepDanbooru's legacy .h5."""
-    return _project_model(config)[0]
-
-
 def _project_model(config: ProjectConfig) -> tuple[Path, str]:
-    """(file, what it is). The float32 copy comes first only when the main export is missing; a
-    mixed-precision export still answers in float32 (its output layer is float32).
+    """(file, what it is): the project's final export; else the float32 copy of it; else what a --time-limit
+    stop exported; else DeepDanbooru's legacy .h5; the best export instead of any of them when its validation
+    beat theirs. The float32 copy comes first only when the main export is missing; a mixed-precision export
+    still answers in float32 (its output layer is float32).
     """
     paths = ProjectPaths(config.project_dir)
     final = paths.final_export(config.model)
@@ -68,14 +64,54 @@ def _project_model(config: ProjectConfig) -> tuple[Path, str]:
                   (paths.stopped_export(config.model),
                    "the export of a --time-limit stop: training is not complete"),
                   (paths.legacy_export(config.model), "the project's DeepDanbooru .h5 export")]
-    for candidate, kind in candidates:
-        if candidate.is_file():
-            return candidate, kind
+    chosen = next(((candidate, kind) for candidate, kind in candidates if candidate.is_file()), None)
+    best = _best_instead(paths.best_export(config.model), chosen)
+    if best is not None:
+        return best
+    if chosen is not None:
+        return chosen
     epochs = sorted(config.project_dir.glob(f"model-{config.model}.e*.keras"), key=lambda p: natural_key(p.name))
     hint = f"; an epoch export exists, use it with --model-path {epochs[-1]}" if epochs else \
         "; train it first with `deepdanbooru train-project`"
     looked = ", ".join(candidate.name for candidate, _ in candidates)
     raise ModelError(file_field(config.project_dir, None, f"no exported model (looked for {looked}){hint}"))
+
+
+def _best_instead(best: Path, chosen: tuple[Path, str] | None) -> tuple[Path, str] | None:
+    """(best export, why) when it is to be used rather than `chosen`: there is nothing else, or its
+    validation (best.json) beats the one written beside `chosen` on the same metric. A `chosen` without
+    validation figures stays: the best export may then be an earlier run's."""
+    record = _json_of(best.with_name(best.stem + ".json"))
+    try:
+        metric, value, step = str(record["metric"]), float(record["value"]), int(record["used_minibatch"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not best.is_file():
+        return None
+    why = f"the project's best model by {metric}: {value:.4f} on validation at step {step}"
+    if chosen is None:
+        return best, f"{why}; there is no final export"
+    model, kind = chosen
+    figures = _json_of(model.with_name(model.stem.removesuffix(".float32") + ".metrics.json")).get("metrics")
+    other = figures.get(metric) if isinstance(figures, dict) else None
+    if not isinstance(other, (int, float)) or isinstance(other, bool):
+        return None
+    from deepdanbooru.scoring.metrics import is_improvement
+
+    if not is_improvement(metric, value, other):
+        return None
+    return best, f"{why}, better than {other:.4f} of {model.name}, {kind}; --model-path takes another"
+
+
+def _json_of(path: Path) -> dict:
+    """The JSON object in `path`, or {} (missing, unreadable, not an object)."""
+    import json
+
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
 
 
 def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> ModelFiles:
@@ -129,16 +165,16 @@ def thresholds_beside(model: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def resolve_model_source(project_path=None, model_path=None) -> Path:
-    """The model file alone (conversion needs no tags): --model-path wins over the project's export."""
+def resolve_model_source(project_path=None, model_path=None) -> tuple[Path, str]:
+    """(the model file alone, what it is): conversion needs no tags; --model-path wins over the project's export."""
     if model_path is not None:
         model = Path(model_path)
         if not model.is_file():
             raise ModelError(file_field(model, None, "model file not found"))
-        return model
+        return model, "the file given with --model-path"
     if project_path is None:
         raise ModelSourceError("give --project-path or --model-path")
-    return project_model(load_config(project_path, uses=MODEL_KEYS))
+    return _project_model(load_config(project_path, uses=MODEL_KEYS))
 
 
 DEFAULT_THRESHOLD = 0.5

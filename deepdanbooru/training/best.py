@@ -17,6 +17,11 @@ names a step the model beside it is at least that new):
     model-<model>.best.keras (+ .best.float32.keras under mixed precision)
     model-<model>.best.thresholds.csv, model-<model>.best.metrics.json
     model-<model>.best.json: {"metric", "value", "previous", counters..., "metrics": {...}}
+
+A fresh fine-tune validates its start before the first step (training.start): that validation is
+the first best, exported at step 0, and best.json keeps it as "start" ({"metric", "value",
+"used_minibatch": 0}) whichever later step replaces it, so the two compare in one file. When no
+validation beats the start, the run ends saying the best export holds the starting weights.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.training.export import export_model
 from deepdanbooru.scoring.metrics import is_improvement, json_ready
 from deepdanbooru.training.monitors import Monitor, ValidationReport
+from deepdanbooru.training.start import START_TRIGGER
 from deepdanbooru.training.validation import report_fields, write_sidecars
 
 
@@ -76,6 +82,15 @@ def _best_json(best_export: Path, metric: str) -> BestValue | None:
     return BestValue(metric, value, step) if payload.get("metric") == metric else None
 
 
+def _start_in_best_json(best_export: Path, metric: str) -> dict | None:
+    """The "start" best.json records (a fine-tune's starting figure), when it is of `metric`."""
+    try:
+        start = json.loads(best_json_path(best_export).read_text(encoding="utf-8")).get("start")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return start if isinstance(start, dict) and start.get("metric") == metric else None
+
+
 class BestModelMonitor(Monitor):
     """Saves the model whenever `metric` improves on the best validation so far (loss: lower is better)."""
 
@@ -88,12 +103,14 @@ class BestModelMonitor(Monitor):
         self.state = BestState()
         self.model = None
         self.best: BestValue | None = None
+        self.start: dict | None = None  # the validation of a fine-tune's start, as best.json keeps it
 
     def checkpoint_objects(self):
         return {"best_model": self.state}
 
     def on_train_begin(self, run):
         self.model = run.model
+        self.start = _start_in_best_json(self.path, self.metric) if run.resumed_from else None
         saved = self.state.get()
         if saved is None:
             written = _best_json(self.path, self.metric) if run.resumed_from else None
@@ -116,6 +133,8 @@ class BestModelMonitor(Monitor):
 
     def on_validation(self, report: ValidationReport, logs):
         value = report.result.get(self.metric)
+        if report.trigger == START_TRIGGER:
+            self.start = {"metric": self.metric, "value": value, "used_minibatch": report.progress.used_minibatch}
         if not is_improvement(self.metric, value, None if self.best is None else self.best.value):
             return
         previous = self.best
@@ -134,6 +153,19 @@ class BestModelMonitor(Monitor):
                  "previous": None if previous is None else previous.value}
         write_sidecars(self.path, self.tags, report, extra)
         payload = {"model": self.path.name, "metric": best.metric, "value": best.value,
-                   "previous": extra["previous"], **report_fields(report), "metrics": report.metrics}
+                   "previous": extra["previous"], **report_fields(report), "metrics": report.metrics,
+                   **({"start": self.start} if self.start is not None else {})}
         write_text_atomic(best_json_path(self.path), json.dumps(json_ready(payload), indent=2, allow_nan=False) + "\n")
 
+    def on_train_end(self, progress):
+        self._say_if_the_start_is_best()
+
+    def on_train_stopped(self, progress):
+        self._say_if_the_start_is_best()
+
+    def _say_if_the_start_is_best(self) -> None:
+        start, best = self.start, self.best
+        if start is None or best is None or best.used_minibatch != start["used_minibatch"]:
+            return
+        self.echo(f"Best: {self.path.name} holds the starting weights (the source model as it was, "
+                  f"{best.metric} {best.value:.4f} at step {best.used_minibatch}); no validation since beat them")

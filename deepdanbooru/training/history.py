@@ -10,7 +10,8 @@ run that died before saving them, and the resumed run trains those steps
 again. On start every line with used_minibatch above the restored counter
 is dropped (the file is rewritten atomically), and only steps above it are
 written, so the file never holds a step twice or out of order. A torn last
-line (a kill mid-write) is dropped too.
+line (a kill mid-write) is dropped too. A fresh run drops every line: its
+first may be the step-0 validation of a fine-tune's start (training.start).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def counters(progress: Progress) -> dict:
 
 
 def restored_step(run) -> int:
-    """used_minibatch of the checkpoint a run starts from (0 for a fresh run)."""
-    return run.start.used_minibatch if run.resumed_from else 0
+    """used_minibatch of the checkpoint a run starts from; -1 for a fresh run, which keeps nothing of an
+    earlier one and writes from step 0 on (the validation of a fine-tune's start is at step 0)."""
+    return run.start.used_minibatch if run.resumed_from else -1
 
 
 def _step_of(line: str) -> int | None:

@@ -1,5 +1,6 @@
 """The slice loop: train, checkpoint, resume, export (docs/training.md).
 
+    (a fresh run from --source-model: validate the starting weights at step 0, training.start)
     while used_epoch < epoch_count:
         order = permutation(train records, seed=(seed, random_seed))
         learning rate = schedule(used_epoch); trunk frozen or not (freeze_backbone_epochs)
@@ -47,6 +48,7 @@ from deepdanbooru.training.reporting import RunReport
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
 from deepdanbooru.training.slices import SliceRunner
+from deepdanbooru.training.start import measure_start
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import check_global_batch, describe_strategy, synchronize_batch_norm
 
@@ -150,6 +152,9 @@ class SliceTrainer:
         if schedule.trained_out(c.used_epoch, c.offset):
             self.echo(f"Training already complete ({schedule.epoch_count} of {schedule.epoch_count} epochs); "
                       f"writing the exports again. Raise epoch_count in {self.config.config_path} to train further")
+        if not self.latest:
+            # A fine-tune's history and best model start where the source stands (training.start).
+            measure_start(self.plan, self.outputs, report.progress(), self.echo)
         while c.used_epoch < schedule.epoch_count:
             order = schedule.order(c.random_seed)
             self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)

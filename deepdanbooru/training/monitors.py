@@ -277,25 +277,31 @@ class ConsoleMonitor(Monitor):
             self.echo(f"warning: {self._trust_warning}")
         self.echo(f"Training complete: {progress.used_epoch} epoch(s), {progress.used_minibatch} steps, "
                   f"{progress.used_sample} samples")
-        self._final_validation()
+        self._last_figures(FINAL_LABEL)
 
     def on_train_stopped(self, progress):
-        # The same line as at the end of a finished run: scripts read the latest figures from one place.
-        self._final_validation()
+        # The figures of the weights at the stop, in the finished run's format under another name: the
+        # run is not over, and they need not be its best (the best export keeps those).
+        self._last_figures(STOP_LABEL)
 
-    def _final_validation(self):
+    def _last_figures(self, label: str):
         if self._last_validation is not None:
-            self.echo(final_validation_line(self._last_validation))
+            self.echo(final_validation_line(self._last_validation, label))
 
 
 def _number(value, digits: int = 4) -> str:
     return "n/a" if value is None or value != value else f"{value:.{digits}f}"
 
 
-def final_validation_line(report: ValidationReport) -> str:
-    """The line a script can grep for at the end of a run: `Final validation (...): micro-F1 X, macro-F1 Y, mAP Z, ...`."""
+FINAL_LABEL = "Final validation"  # the end of a finished run
+STOP_LABEL = "Validation at the stop"  # a --time-limit stop
+
+
+def final_validation_line(report: ValidationReport, label: str = FINAL_LABEL) -> str:
+    """The line a script can grep for at the end of a run: `Final validation (...): micro-F1 X, macro-F1 Y, mAP Z, ...`
+    (`Validation at the stop (...)` at a --time-limit stop)."""
     m = report.result
-    return (f"Final validation (step {report.progress.used_minibatch}, {m['samples']} records): "
+    return (f"{label} (step {report.progress.used_minibatch}, {m['samples']} records): "
             f"micro-F1 {m['micro_f1']:.4f}, macro-F1 {m['macro_f1']:.4f}, mAP {m['map']:.4f}, "
             f"loss {_number(m['loss'])}, MCC {m['mcc']:.4f} at threshold {m['threshold']:g}; "
             f"P=R at {m['pr_threshold']:g} (F1 {m['pr_f1']:.4f}), macro-F1 {m['macro_f1_040']:.4f} and "

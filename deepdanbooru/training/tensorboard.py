@@ -134,8 +134,9 @@ class TensorBoardMonitor(Monitor):
         removed = sum(purge_events(directory, self.after) for directory in (self.train_dir, self.validation_dir)
                       if directory.is_dir())
         if removed:
-            self.echo(f"notice: removed {removed} TensorBoard point(s) past step {self.after} written by an "
-                      "earlier run that did not reach its next checkpoint")
+            why = (f"past step {self.after} written by an earlier run that did not reach its next checkpoint"
+                   if self.after >= 0 else "written by an earlier run (this one starts fresh)")
+            self.echo(f"notice: removed {removed} TensorBoard point(s) {why}")
 
     def _writer(self, directory: Path):
         # Created on first use: a run without validation leaves no empty validation file.

@@ -1,0 +1,109 @@
+"""epoch_count "fit" inside a run: the plan kept in every checkpoint, measured and made before the first one.
+
+See training/fit.py for what is measured and how the epochs are planned.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from deepdanbooru.errors import ConfigError, file_field
+from deepdanbooru.project.config import FIT
+from deepdanbooru.training.budget import EXPORT_PER_CHECKPOINT
+from deepdanbooru.training.fit import EpochCosts, StepClock, plan_epochs, plan_line
+from deepdanbooru.training.monitors import Monitor
+
+
+class FitMonitor(Monitor):
+    """Sets the run's epoch count (Schedule and LearningRateSchedule) to the plan in force.
+
+    Until a run plans, that is the plan of the checkpoint it resumed from; a
+    fresh run (or one resumed from a checkpoint written before it planned) has
+    none: its schedule ends with the epoch in progress and its cosine has not
+    begun. The plan is a checkpoint object, so a run resumed from any
+    checkpoint trains on with the plan that checkpoint's run had.
+    """
+
+    def __init__(self, plan, schedule, rates, echo=print):
+        self.config, self.budget, self.echo = plan.config, plan.time_budget, echo
+        if self.budget is None:
+            plan.config.require_epoch_count(None)
+        self.schedule, self.rates = schedule, rates
+        self.validation_records = len(plan.validation)
+        # Outside any strategy scope: a host-side value the loop assigns, as the resume counters.
+        self.planned = tf.Variable(0, dtype=tf.int64, trainable=False, name="planned_epochs")
+        self.clock = StepClock()
+        self.restore_seconds, self.worker_sums, self.resumed_plan, self.planning = 0.0, None, 0, True
+        self.apply(0, 0)
+
+    @classmethod
+    def for_run(cls, plan, schedule, rates, echo=print) -> FitMonitor | None:
+        """The monitor of a run whose project.json says epoch_count "fit"; None for a number."""
+        return cls(plan, schedule, rates, echo) if plan.config.epoch_count == FIT else None
+
+    def checkpoint_objects(self) -> dict:
+        return {"planned_epochs": self.planned}
+
+    def apply(self, epochs: int, used_epoch: int) -> None:
+        """Train `epochs` epochs (0: not planned yet)."""
+        self.schedule.epoch_count = epochs or used_epoch + 1
+        self.rates.epoch_count = epochs or math.inf
+
+    def resume(self, counters, restore_seconds: float, worker_sums=None) -> None:
+        """After the restore: train on the restored plan until this run has made its own."""
+        self.resumed_plan = int(self.planned.numpy())
+        self.restore_seconds, self.worker_sums = restore_seconds, worker_sums
+        self.apply(self.resumed_plan, counters.used_epoch)
+        self.clock.begin(counters.offset)
+
+    def on_train_begin(self, run) -> None:
+        if self.resumed_plan:
+            self.echo(f"epoch_count fit: {self.resumed_plan} epochs, as planned when this checkpoint was written, "
+                      "until this run has timed its first slice and planned again")
+        else:
+            self.echo(f"epoch_count fit: the first slice times the steps; the epochs that fit --time-limit "
+                      f"{self.budget.text} are planned before its checkpoint")
+
+    def on_step(self, progress, position: int) -> None:
+        if self.planning:
+            self.clock.step(position)
+
+    def before_checkpoint(self, progress, logs: dict) -> None:
+        if not self.planning:
+            return
+        self.planning = False
+        costs = self.costs()
+        epoch_seconds = costs.epoch_seconds(self.schedule, self.validation_records)
+        done = progress.used_epoch + progress.offset / progress.train_records
+        epochs = self.agreed(plan_epochs(done, self.seconds_left(costs), epoch_seconds))
+        self.planned.assign(epochs)
+        self.apply(epochs, progress.used_epoch)
+        self.echo(plan_line(epochs, done, costs, epoch_seconds, self.budget.text, self.resumed_plan))
+
+    def costs(self) -> EpochCosts:
+        """What this run has measured (training/fit.py says what stands in for what it has not)."""
+        budget = self.budget
+        speed = self.clock.samples_per_second()
+        if speed is None:
+            raise ConfigError(file_field(self.config.config_path, "epoch_count",
+                                         '"fit" could not time a step of the first slice'))
+        checkpoint = budget.longest_checkpoint or self.restore_seconds
+        validation = budget.longest_validation or self.validation_records / speed
+        export = budget.longest_export
+        if export is None:
+            export = EXPORT_PER_CHECKPOINT * checkpoint + validation
+        return EpochCosts(speed, checkpoint, validation, export)
+
+    def seconds_left(self, costs: EpochCosts) -> float:
+        """The limit's time left for epochs, after this slice's checkpoint, the final export and the margin."""
+        budget = self.budget
+        return budget.seconds - budget.elapsed() - costs.checkpoint - costs.export - budget.margin
+
+    def agreed(self, epochs: int) -> int:
+        """In a cluster every worker must train the same schedule: the workers' plans, averaged, rounded down."""
+        if self.worker_sums is None:
+            return epochs
+        total, workers = self.worker_sums([float(epochs), 1.0])
+        return max(int(total / workers + 1e-9), 1)

@@ -171,10 +171,14 @@ def test_a_killed_fit_run_resumes_bitwise_given_the_same_plan(tmp_path, sample_d
     monkeypatch.setattr(fit_monitor, "plan_epochs", lambda done, seconds_left, epoch_seconds: 2)
     reference = make_project(tmp_path / "reference", *sample_dataset, **FIT, horizontal_flip=True)
     train_project(reference, echo=lambda *_: None, time_limit=3600.0)
-    # Killed after the 2nd checkpoint (epoch 1, record 16): its 3rd slice, past the warmup, follows the plan.
-    exports = ["model-resnet_small.e1.keras", "model-resnet_small.e2.keras", "model-resnet_small.keras"]
-    killed = killed_copy(reference, tmp_path / "killed", "ckpt-2", exports)
-    train_project(killed, echo=lambda *_: None, time_limit=3600.0)
+    # Killed after the 5th checkpoint (epoch 2, record 16): its last slice, on the cosine, follows the plan.
+    exports = ["model-resnet_small.e2.keras", "model-resnet_small.keras"]
+    killed = killed_copy(reference, tmp_path / "killed", "ckpt-5", exports)
+    lines = []
+    train_project(killed, echo=lines.append, time_limit=3600.0)
+    assert any(line.startswith(f"Resuming from {killed / 'checkpoints' / 'ckpt-5'}") for line in lines)
+    assert "epoch_count fit: 2 epochs, as planned when this checkpoint was written, until this run has timed " \
+           "its first slice and planned again" in lines
     for name in exports:
         assert_same_weights(reference / name, killed / name)
     assert train_rates(killed) == train_rates(reference)

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from train_helpers import assert_same_weights, killed_copy, make_project, read_state
 
 from deepdanbooru.cli import main
+from deepdanbooru.project.config import load_config
 from deepdanbooru.training.fit import EpochCosts, StepClock, plan_epochs, plan_line
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 
@@ -63,8 +64,6 @@ def test_the_plan_line_says_epochs_limit_and_speed():
 
 
 def write_fit_config(tmp_path, **values):
-    from deepdanbooru.project.config import load_config
-
     (tmp_path / "project.json").write_text(json.dumps({**FIT, "minibatch_size": 4, **values}))
     return load_config(tmp_path)
 
@@ -125,7 +124,7 @@ def test_a_fit_run_plans_trains_the_planned_epochs_and_ends_the_cosine_there(tmp
     state = read_state(project)
     assert (state["epoch_count"], state["used_epoch"], state["complete"]) == (2, 2, True)
     # Every step's rate is the schedule's over the 2 planned epochs; the last is the cosine's last before its end.
-    expected = LearningRateSchedule(write_fit_config(tmp_path / "p"), 24, epoch_count=2)
+    expected = LearningRateSchedule(load_config(project), 24, epoch_count=2)
     assert train_rates(project) == {u: pytest.approx(expected.rate((u - 1) // 6, u - 1)) for u in range(1, 13)}
     assert expected.rate(2, 12) == 0.001
 
@@ -147,8 +146,8 @@ def test_a_resumed_fit_run_plans_again_from_its_time_left_and_keeps_the_epochs_d
     time_left_for(monkeypatch, 4.0)  # a longer limit: 2/3 of an epoch done after its first slice, 4 more
     second = []
     counters = train_project(project, echo=second.append, time_limit=3600.0)
-    assert ("epoch_count fit: 3 epochs, as planned when this checkpoint was written, until this run has timed "
-            "its first slice and planned again") in second
+    assert ("epoch_count fit: 3 epochs, the resumed checkpoint's, until this run has timed its first slice "
+            "and planned again") in second
     planned = [line for line in second if " epochs planned in " in line]
     assert len(planned) == 1 and planned[0].startswith("epoch_count fit: 4 epochs planned in 3600s at ")
     assert planned[0].endswith("; 0.67 done, 3 planned when the run resumed)")
@@ -157,7 +156,7 @@ def test_a_resumed_fit_run_plans_again_from_its_time_left_and_keeps_the_epochs_d
     state = read_state(project)
     assert (state["epoch_count"], state["used_epoch"], state["complete"]) == (4, 4, True)
     rates = train_rates(project)
-    three, four = (LearningRateSchedule(write_fit_config(tmp_path / "p"), 24, epoch_count=n) for n in (3, 4))
+    three, four = (LearningRateSchedule(load_config(project), 24, epoch_count=n) for n in (3, 4))
     # The resumed run's first slice trains on the checkpoint's plan, then on its own.
     assert [rates[u] for u in (3, 4)] == pytest.approx([three.rate(0, 2), three.rate(0, 3)])
     assert [rates[u] for u in range(5, 25)] == pytest.approx([four.rate((u - 1) // 6, u - 1) for u in range(5, 25)])
@@ -177,8 +176,33 @@ def test_a_killed_fit_run_resumes_bitwise_given_the_same_plan(tmp_path, sample_d
     lines = []
     train_project(killed, echo=lines.append, time_limit=3600.0)
     assert any(line.startswith(f"Resuming from {killed / 'checkpoints' / 'ckpt-5'}") for line in lines)
-    assert "epoch_count fit: 2 epochs, as planned when this checkpoint was written, until this run has timed " \
-           "its first slice and planned again" in lines
+    assert "epoch_count fit: 2 epochs, the resumed checkpoint's, until this run has timed its first slice " \
+           "and planned again" in lines
     for name in exports:
         assert_same_weights(reference / name, killed / name)
     assert train_rates(killed) == train_rates(reference)
+
+
+@pytest.mark.slow
+def test_a_run_switched_to_fit_goes_on_with_its_number_until_it_plans(tmp_path, sample_dataset, monkeypatch):
+    from train_helpers import set_config
+
+    from deepdanbooru.training.train import train_project
+
+    # A warmup of 2 minibatches: the second slice is on the cosine.
+    project = make_project(tmp_path / "p", *sample_dataset, **{**FIT, "epoch_count": 3, "warmup_epochs": 0.25})
+    train_project(project, echo=lambda *_: None, time_limit=1e-3)  # one slice, then the stop
+    set_config(project, epoch_count="fit")
+    time_left_for(monkeypatch, 1.0)  # 2/3 of an epoch done after the next slice, 1 more: 1 epoch planned
+    lines = []
+    counters = train_project(project, echo=lines.append, time_limit=3600.0)
+    assert ("epoch_count fit: 3 epochs, the resumed checkpoint's, until this run has timed its first slice and "
+            "planned again") in lines
+    assert any(line.startswith("epoch_count fit: 1 epochs planned in 3600s") for line in lines)
+    assert (counters.used_epoch, counters.used_minibatch) == (1, 6)
+    rates = train_rates(project)
+    three, one = (LearningRateSchedule(load_config(project), 24, epoch_count=n) for n in (3, 1))
+    # The slice before the plan keeps the 3-epoch cosine it was on, not the unplanned peak.
+    assert [rates[u] for u in (3, 4)] == pytest.approx([three.rate(0, 2), three.rate(0, 3)])
+    assert three.rate(0, 3) < 0.01
+    assert [rates[u] for u in (5, 6)] == pytest.approx([one.rate(0, 4), one.rate(0, 5)])

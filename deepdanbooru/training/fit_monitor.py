@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from deepdanbooru.errors import ConfigError, file_field
 from deepdanbooru.project.config import FIT
+from deepdanbooru.runstate.state import read_state_json
 from deepdanbooru.training.budget import EXPORT_PER_CHECKPOINT
 from deepdanbooru.training.fit import EpochCosts, StepClock, plan_epochs, plan_line
 from deepdanbooru.training.monitors import Monitor
@@ -27,7 +28,7 @@ class FitMonitor(Monitor):
     """
 
     def __init__(self, plan, schedule, rates, echo=print):
-        self.config, self.budget, self.echo = plan.config, plan.time_budget, echo
+        self.config, self.budget, self.echo, self.paths = plan.config, plan.time_budget, echo, plan.paths
         if self.budget is None:
             plan.config.require_epoch_count(None)
         self.schedule, self.rates = schedule, rates
@@ -53,15 +54,23 @@ class FitMonitor(Monitor):
 
     def resume(self, counters, restore_seconds: float, worker_sums=None) -> None:
         """After the restore: train on the restored plan until this run has made its own."""
-        self.resumed_plan = int(self.planned.numpy())
+        self.resumed_plan = int(self.planned.numpy()) or self.numbered_count(counters)
         self.restore_seconds, self.worker_sums = restore_seconds, worker_sums
         self.apply(self.resumed_plan, counters.used_epoch)
         self.clock.begin(counters.offset)
 
+    def numbered_count(self, counters) -> int:
+        """A checkpoint written while epoch_count was a number holds no plan: that number, from state.json, so
+        the slice before this run plans goes on with the schedule it was on."""
+        if not counters.used_minibatch:
+            return 0
+        count = (read_state_json(self.paths.checkpoints)[0] or {}).get("epoch_count")
+        return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
     def on_train_begin(self, run) -> None:
         if self.resumed_plan:
-            self.echo(f"epoch_count fit: {self.resumed_plan} epochs, as planned when this checkpoint was written, "
-                      "until this run has timed its first slice and planned again")
+            self.echo(f"epoch_count fit: {self.resumed_plan} epochs, the resumed checkpoint's, until this run has "
+                      "timed its first slice and planned again")
         else:
             self.echo(f"epoch_count fit: the first slice times the steps; the epochs that fit --time-limit "
                       f"{self.budget.text} are planned before its checkpoint")

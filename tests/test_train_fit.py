@@ -53,6 +53,7 @@ def test_the_step_speed_leaves_out_the_first_step_unless_there_is_only_one():
     now[0] = 32.5
     clock.step(20)
     assert clock.samples_per_second() == pytest.approx(8 / 2.5)
+    assert clock.samples_per_second(whole_slice=True) == pytest.approx(12 / 32.5)  # from begin(): a later slice
 
 
 def test_the_plan_line_says_epochs_limit_and_speed():
@@ -116,10 +117,12 @@ def test_a_fit_run_plans_trains_the_planned_epochs_and_ends_the_cosine_there(tmp
     project = make_project(tmp_path / "p", *sample_dataset, **FIT)
     lines = []
     counters = train_project(project, echo=lines.append, time_limit=3600.0)
-    # Planned after the first slice (8 of 24 records): 1/3 + 2 epochs, rounded down.
+    # Planned after the first slice (8 of 24 records): 1/3 + 2 epochs, rounded down; after the second, 2/3 + 2.
     plan = [line for line in lines if line.startswith("epoch_count fit: ")]
-    assert plan[0].startswith("epoch_count fit: the first slice times the steps")
-    assert plan[1].startswith("epoch_count fit: 2 epochs planned in 3600s at ") and len(plan) == 2
+    assert plan[0].startswith("epoch_count fit: the first slice times the steps") and len(plan) == 3
+    assert plan[1].startswith("epoch_count fit: 2 epochs planned in 3600s at ") and "second" not in plan[1]
+    assert plan[2].startswith("epoch_count fit: 2 epochs planned in 3600s at ")
+    assert plan[2].endswith("; planned again from the second slice, its input's start and a checkpoint timed)")
     assert (counters.used_epoch, counters.used_minibatch) == (2, 12)
     state = read_state(project)
     assert (state["epoch_count"], state["used_epoch"], state["complete"]) == (2, 2, True)
@@ -143,23 +146,26 @@ def test_a_resumed_fit_run_plans_again_from_its_time_left_and_keeps_the_epochs_d
     assert first[-1].startswith("Stopped for the time limit") and "at epoch 1/3, record 8/24, step 2" in first[-1]
     assert (read_state(project)["epoch_count"], read_state(project)["offset"]) == (3, 8)
 
-    time_left_for(monkeypatch, 4.0)  # a longer limit: 2/3 of an epoch done after its first slice, 4 more
+    time_left_for(monkeypatch, 4.0)  # a longer limit: after its first slice 2/3 of an epoch is done, 4 more fit
     second = []
     counters = train_project(project, echo=second.append, time_limit=3600.0)
     assert ("epoch_count fit: 3 epochs, the resumed checkpoint's, until this run has timed its first slice "
             "and planned again") in second
     planned = [line for line in second if " epochs planned in " in line]
-    assert len(planned) == 1 and planned[0].startswith("epoch_count fit: 4 epochs planned in 3600s at ")
+    assert len(planned) == 2 and planned[0].startswith("epoch_count fit: 4 epochs planned in 3600s at ")
     assert planned[0].endswith("; 0.67 done, 3 planned when the run resumed)")
-    # The steps done before are kept: 4 epochs of 6 minibatches in all, the first 2 from the first run.
-    assert (counters.used_epoch, counters.used_minibatch, counters.offset) == (4, 24, 0)
+    assert planned[1].startswith("epoch_count fit: 5 epochs planned in 3600s at ")  # 1 epoch done, 4 more fit
+    # The steps done before are kept: 5 epochs of 6 minibatches in all, the first 2 from the first run.
+    assert (counters.used_epoch, counters.used_minibatch, counters.offset) == (5, 30, 0)
     state = read_state(project)
-    assert (state["epoch_count"], state["used_epoch"], state["complete"]) == (4, 4, True)
+    assert (state["epoch_count"], state["used_epoch"], state["complete"]) == (5, 5, True)
     rates = train_rates(project)
-    three, four = (LearningRateSchedule(load_config(project), 24, epoch_count=n) for n in (3, 4))
-    # The resumed run's first slice trains on the checkpoint's plan, then on its own.
+    three, four, five = (LearningRateSchedule(load_config(project), 24, epoch_count=n) for n in (3, 4, 5))
+    # Each slice trains on the plan of the checkpoint before it: the first run's, then each of this run's.
     assert [rates[u] for u in (3, 4)] == pytest.approx([three.rate(0, 2), three.rate(0, 3)])
-    assert [rates[u] for u in range(5, 25)] == pytest.approx([four.rate((u - 1) // 6, u - 1) for u in range(5, 25)])
+    assert [rates[u] for u in (5, 6)] == pytest.approx([four.rate(0, 4), four.rate(0, 5)])
+    assert [rates[u] for u in range(7, 31)] == pytest.approx([five.rate((u - 1) // 6, u - 1) for u in range(7, 31)])
+    assert five.rate(5, 30) == 0.001
 
 
 @pytest.mark.slow
@@ -193,7 +199,7 @@ def test_a_run_switched_to_fit_goes_on_with_its_number_until_it_plans(tmp_path, 
     project = make_project(tmp_path / "p", *sample_dataset, **{**FIT, "epoch_count": 3, "warmup_epochs": 0.25})
     train_project(project, echo=lambda *_: None, time_limit=1e-3)  # one slice, then the stop
     set_config(project, epoch_count="fit")
-    time_left_for(monkeypatch, 1.0)  # 2/3 of an epoch done after the next slice, 1 more: 1 epoch planned
+    time_left_for(monkeypatch, 0.0)  # no time for more: the epoch in progress ends the plan
     lines = []
     counters = train_project(project, echo=lines.append, time_limit=3600.0)
     assert ("epoch_count fit: 3 epochs, the resumed checkpoint's, until this run has timed its first slice and "

@@ -1,17 +1,19 @@
 """epoch_count "fit": how many epochs a --time-limit run has room for, from the speed it measures (no TensorFlow).
 
-A run plans once, at the end of its first slice and before that slice's
-checkpoint, so that checkpoint and every later one hold the plan the slices
-after it train with (training/fit_monitor.py keeps it there). A resumed run
-trains its first slice on the plan of the checkpoint it resumed from, then
-plans again from its own --time-limit: the epochs already done plus those the
-time left holds.
+A run plans at the end of its first slice, before that slice's checkpoint,
+and again at the end of its second, so each checkpoint holds the plan the
+slices after it train with (training/fit_monitor.py keeps it there) and a run
+resumed from any checkpoint goes on with it. A resumed run trains its first
+slice on the plan of the checkpoint it resumed from, then plans again from its
+own --time-limit: the epochs already done plus those the time left holds.
 
 What one epoch costs, in seconds:
 
-    train_records / samples per second      the steps, timed over this run's first slice from the end of
-                                            its first step on (that one carries tracing and the start of
-                                            the input pipeline); a slice of one step is timed whole
+    train_records / samples per second      the first plan: the steps of this run's first slice, from the
+                                            end of its first step on (that one carries tracing and the
+                                            start of the input pipeline; a slice of one step is timed
+                                            whole); the second: the second slice from its start (the
+                                            input's start included, no tracing) to its last step
   + slices per epoch x checkpoint           the longest checkpoint this run wrote; before the first one,
                                             the time the resumed checkpoint took to read (a fresh run: 0)
   + validations per epoch x validation      the longest this run timed; before the first, as long as
@@ -53,7 +55,7 @@ def plan_epochs(done: float, seconds_left: float, epoch_seconds: float) -> int:
 
 
 class StepClock:
-    """The step speed of a run's first slice, from the end of its first step to the end of its last."""
+    """The speed of a slice's steps, from the end of its first step (or from its start) to the end of its last."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
@@ -70,19 +72,22 @@ class StepClock:
         if self.first is None:
             self.first = self.last
 
-    def samples_per_second(self) -> float | None:
+    def samples_per_second(self, whole_slice: bool = False) -> float | None:
+        """From the end of the first step; `whole_slice`: from begin() (a slice without tracing)."""
         if self.last is None:
             return None
-        since = self.first if self.last[1] > self.first[1] else self.start
+        since = self.first if self.last[1] > self.first[1] and not whole_slice else self.start
         seconds, samples = self.last[0] - since[0], self.last[1] - since[1]
         return samples / seconds if seconds > 0 and samples > 0 else None
 
 
 def plan_line(epochs: int, done: float, costs: EpochCosts, epoch_seconds: float, limit_text: str,
-              before: int | None) -> str:
+              before: int | None, second: bool = False) -> str:
     """What the run prints when it has planned, e.g. 'epoch_count fit: 12 epochs planned in 6m at 48 samples/s'."""
     line = f"epoch_count fit: {epochs} epochs planned in {limit_text} at {costs.samples_per_second:.3g} samples/s"
     line += f" (an epoch about {epoch_seconds:.3g} s"
+    if second:
+        line += "; planned again from the second slice, its input's start and a checkpoint timed"
     if before:
         line += f"; {done:.2f} done, {before} planned when the run resumed"
     return line + ")"

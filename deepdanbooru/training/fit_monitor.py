@@ -1,4 +1,4 @@
-"""epoch_count "fit" inside a run: the plan kept in every checkpoint, measured and made before the first one.
+"""epoch_count "fit" inside a run: the plan kept in every checkpoint, made before the run's first two.
 
 See training/fit.py for what is measured and how the epochs are planned.
 """
@@ -20,6 +20,10 @@ from deepdanbooru.training.monitors import Monitor
 class FitMonitor(Monitor):
     """Sets the run's epoch count (Schedule and LearningRateSchedule) to the plan in force.
 
+    A run plans before the checkpoint of its first slice, from the speed of its
+    steps, and again before that of its second, from that slice's whole time
+    (the start of its input included, no tracing) and the first checkpoint's.
+
     Until a run plans, that is the plan of the checkpoint it resumed from; a
     fresh run (or one resumed from a checkpoint written before it planned) has
     none: its schedule ends with the epoch in progress and its cosine has not
@@ -36,7 +40,7 @@ class FitMonitor(Monitor):
         # Outside any strategy scope: a host-side value the loop assigns, as the resume counters.
         self.planned = tf.Variable(0, dtype=tf.int64, trainable=False, name="planned_epochs")
         self.clock = StepClock()
-        self.restore_seconds, self.worker_sums, self.resumed_plan, self.planning = 0.0, None, 0, True
+        self.restore_seconds, self.worker_sums, self.resumed_plan, self.plans_left = 0.0, None, 0, 2
         self.apply(0, 0)
 
     @classmethod
@@ -76,25 +80,37 @@ class FitMonitor(Monitor):
                       f"{self.budget.text} are planned before its checkpoint")
 
     def on_step(self, progress, position: int) -> None:
-        if self.planning:
+        if self.plans_left:
             self.clock.step(position)
 
+    # The second slice is timed from the end of what came before it: the checkpoint, the epoch end, an export.
+    def on_slice_end(self, progress, checkpoint, logs: dict) -> None:
+        self.clock.begin(progress.offset)
+
+    def on_epoch_end(self, progress, logs: dict) -> None:
+        self.clock.begin(0)
+
+    def on_export(self, path, kind: str) -> None:
+        self.clock.begin(0)
+
     def before_checkpoint(self, progress, logs: dict) -> None:
-        if not self.planning:
+        if not self.plans_left:
             return
-        self.planning = False
-        costs = self.costs()
+        self.plans_left -= 1
+        second = not self.plans_left
+        costs = self.costs(whole_slice=second)
         epoch_seconds = costs.epoch_seconds(self.schedule, self.validation_records)
         done = progress.used_epoch + progress.offset / progress.train_records
         epochs = self.agreed(plan_epochs(done, self.seconds_left(costs), epoch_seconds))
         self.planned.assign(epochs)
         self.apply(epochs, progress.used_epoch)
-        self.echo(plan_line(epochs, done, costs, epoch_seconds, self.budget.text, self.resumed_plan))
+        self.echo(plan_line(epochs, done, costs, epoch_seconds, self.budget.text,
+                            self.resumed_plan if not second else None, second))
 
-    def costs(self) -> EpochCosts:
+    def costs(self, whole_slice: bool = False) -> EpochCosts:
         """What this run has measured (training/fit.py says what stands in for what it has not)."""
         budget = self.budget
-        speed = self.clock.samples_per_second()
+        speed = self.clock.samples_per_second(whole_slice)
         if speed is None:
             raise ConfigError(file_field(self.config.config_path, "epoch_count",
                                          '"fit" could not time a step of the first slice'))

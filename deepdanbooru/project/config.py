@@ -291,7 +291,7 @@ KEYS: tuple[Key, ...] = (
     Key("model", "resnet_custom_v2", _choice(MODEL_NAMES), "architecture", "str", ", ".join(MODEL_NAMES)),
     Key("minibatch_size", 32, _int(1), "global batch size", "int", "> 0"),
     Key("epoch_count", 10, _epoch_count,
-        f'epochs to train; "{FIT}": train-project measures its speed on the first slice and plans the epochs '
+        f'epochs to train; "{FIT}": train-project times its first two slices and plans the epochs '
         "that fit its --time-limit, the learning-rate schedule stretched over them (again at each resume, from "
         "the time left)", f'int or "{FIT}"', f'> 0, or "{FIT}" with --time-limit'),
     Key("export_model_per_epoch", 10, _int(0),

@@ -167,6 +167,13 @@ def test_a_resumed_fit_run_plans_again_from_its_time_left_and_keeps_the_epochs_d
     assert [rates[u] for u in range(7, 31)] == pytest.approx([five.rate((u - 1) // 6, u - 1) for u in range(7, 31)])
     assert five.rate(5, 30) == 0.001
 
+    # A complete plan stays complete: the next run plans nothing and only exports again.
+    third = []
+    assert train_project(project, echo=third.append, time_limit=3600.0).used_minibatch == 30
+    assert ("epoch_count fit: the 5 planned epochs are trained; a run only plans again before its next slice, so set "
+            "epoch_count to a number above 5 to train further") in third
+    assert not any(" epochs planned in " in line for line in third)
+
 
 @pytest.mark.slow
 def test_a_killed_fit_run_resumes_bitwise_given_the_same_plan(tmp_path, sample_dataset, monkeypatch):

@@ -72,7 +72,11 @@ class FitMonitor(Monitor):
         return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
 
     def on_train_begin(self, run) -> None:
-        if self.resumed_plan:
+        if self.resumed_plan and self.schedule.trained_out(run.start.used_epoch, run.start.offset):
+            self.echo(f"epoch_count fit: the {self.resumed_plan} planned epochs are trained; a run only plans "
+                      f"again before its next slice, so set epoch_count to a number above {self.resumed_plan} "
+                      "to train further")
+        elif self.resumed_plan:
             self.echo(f"epoch_count fit: {self.resumed_plan} epochs, the resumed checkpoint's, until this run has "
                       "timed its first slice and planned again")
         else:

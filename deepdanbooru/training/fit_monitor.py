@@ -24,8 +24,8 @@ class FitMonitor(Monitor):
     steps, and again before that of its second, from that slice's whole time
     (the start of its input included, no tracing) and the first checkpoint's.
 
-    Until a run plans, that is the plan of the checkpoint it resumed from; a
-    fresh run (or one resumed from a checkpoint written before it planned) has
+    Until a run plans, that is the plan of the checkpoint it resumed from (of
+    one written while epoch_count was a number: that number); a fresh run has
     none: its schedule ends with the epoch in progress and its cosine has not
     begun. The plan is a checkpoint object, so a run resumed from any
     checkpoint trains on with the plan that checkpoint's run had.

@@ -105,7 +105,8 @@ def create_project(project_path, overwrite, recipe, database):
                    "or these GPU indices. With TF_CONFIG set, this host's part of a multi-worker cluster.")
 @click.option("--time-limit", metavar="DURATION",
               help="Stop in time (e.g. 3h50m, 90m, 900s): at the last checkpoint before the limit, export, "
-                   "print how to continue and exit 0. Running again resumes exactly there.")
+                   "print how to continue and exit 0. Running again resumes exactly there. Needed by "
+                   'epoch_count "fit", which plans the epochs that fit it.')
 def train_project(project_path, source_model, source_tags, force_mixed_precision, devices, time_limit):
     """Train PROJECT_PATH, resuming from its latest checkpoint if there is one.
 

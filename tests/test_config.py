@@ -72,7 +72,10 @@ def test_absolute_database_path_kept(tmp_path):
         ("image_height", -5, "image_height: must be >= 1, got -5"),
         ("minimum_tag_count", -1, "minimum_tag_count: must be >= 0, got -1"),
         ("minibatch_size", 0, "minibatch_size: must be >= 1, got 0"),
-        ("epoch_count", 1.5, "epoch_count: must be an integer, got 1.5"),
+        ("epoch_count", 1.5, 'epoch_count: must be an integer >= 1 or "fit", got 1.5'),
+        ("epoch_count", 0, 'epoch_count: must be an integer >= 1 or "fit", got 0'),
+        ("epoch_count", "fits", 'epoch_count: must be an integer >= 1 or "fit", got "fits" (did you mean \'fit\'?)'),
+        ("epoch_count", "auto", 'epoch_count: must be an integer >= 1 or "fit", got "auto"'),
         ("export_model_per_epoch", -1, "export_model_per_epoch: must be >= 0"),
         ("checkpoint_frequency_mb", 0, "checkpoint_frequency_mb: must be >= 1"),
         ("console_logging_frequency_mb", None, "console_logging_frequency_mb: must be an integer, got null"),
@@ -253,3 +256,26 @@ def test_default_project_json_roundtrips_in_spec_order(tmp_path):
     config = load_config(write(tmp_path, data))
     assert config.validation_fraction == 0.05
     assert not math.isnan(config.learning_rate)
+
+
+def test_epoch_count_fit_is_accepted_and_needs_a_time_limit_to_train(tmp_path):
+    config = load_config(write(tmp_path, {"epoch_count": "fit", "lr_schedule": "warmup_cosine"}))
+    assert config.epoch_count == "fit"
+    config.require_epoch_count(360.0)  # with --time-limit: nothing to say
+    with pytest.raises(ConfigError) as caught:
+        config.require_epoch_count(None)
+    assert str(caught.value) == (
+        f'{tmp_path / "project.json"}: epoch_count: "fit" plans the epochs that fit train-project\'s --time-limit, '
+        "and none was given; give --time-limit (e.g. --time-limit 6m) or set epoch_count to a number of epochs")
+    load_config(write(tmp_path, {"epoch_count": 3})).require_epoch_count(None)  # a number needs no limit
+
+
+def test_epoch_count_fit_refuses_step_drops_at_fixed_epochs(tmp_path):
+    write(tmp_path, {"epoch_count": "fit", "learning_rates": [{"used_epoch": 27, "learning_rate": 0.0005}]})
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'project.json'}: learning_rates: its used_epoch values are fixed epochs")
+    assert 'lr_schedule "warmup_cosine"' in message and "\n" not in message
+    # A constant rate (steps without learning_rates) has nothing to stretch.
+    assert load_config(write(tmp_path, {"epoch_count": "fit"})).lr_schedule == "steps"

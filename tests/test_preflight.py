@@ -364,6 +364,20 @@ def test_finished_training_is_explained(project, used_epoch, offset):
         in detail(training_preflight(project), "checkpoint")
 
 
+def test_epoch_count_fit_is_described_and_reads_the_plan_from_the_state(project):
+    edit_config(project, epoch_count="fit", lr_schedule="warmup_cosine")
+    write_checkpoint(project, state=trainer_state(project, epoch_count=12))
+    results = training_preflight(project)
+    assert statuses(results)["config"] == "PASS"
+    assert detail(results, "config").endswith(
+        ', minibatch 4, epoch_count "fit": train-project plans the epochs from its --time-limit, which it then '
+        "needs (again at each resume)")
+    assert detail(results, "checkpoint").endswith("(1 of 12 epoch(s) done, 8 of 24 records into epoch 2)")
+    write_checkpoint(project, state=trainer_state(project, epoch_count=2, used_epoch=2, offset=0, complete=True))
+    assert ("all 2 epoch(s) are trained, so it only exports the final model again (set epoch_count to a number "
+            "above 2 to train on)") in detail(training_preflight(project), "checkpoint")
+
+
 def test_checkpoint_with_missing_files_fails(project):
     write_checkpoint(project, data=False)
     assert "names ckpt-3, but its .index or .data files are missing" in only_failure(

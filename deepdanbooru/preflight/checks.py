@@ -22,7 +22,7 @@ from deepdanbooru.models import table
 from deepdanbooru.preflight.images import BadImage, inspect_image, too_large
 from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
-from deepdanbooru.project.config import load_config
+from deepdanbooru.project.config import FIT, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.resume import describe_resume_point, fine_tuned_network, resume_point
 from deepdanbooru.project.shards import SHARDS_DIR, training_shards
@@ -94,7 +94,7 @@ def check_config(run: Run):
         run.config = load_config(run.paths.root)
     config = run.config
     detail = (f"{config.config_path}: model {config.model}, input {config.image_height}x{config.image_width}x3, "
-              f"minibatch {config.minibatch_size}, {config.epoch_count} epoch(s)")
+              f"minibatch {config.minibatch_size}, {_epochs(config.epoch_count)}")
     notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     if notes:
         return WARN, detail + "; " + "; ".join(notes)
@@ -399,15 +399,26 @@ def check_checkpoint(run: Run):
     return PASS, detail
 
 
+def _epochs(epoch_count) -> str:
+    if epoch_count == FIT:
+        return (f'epoch_count "{FIT}": train-project plans the epochs from its --time-limit, which it then needs '
+                "(again at each resume)")
+    return f"{epoch_count} epoch(s)"
+
+
 def _progress(run: Run, state: dict) -> str:
     epochs = run.config.epoch_count if run.config is not None else state.get("epoch_count")
+    fit = epochs == FIT
+    if fit:
+        epochs = state.get("epoch_count")  # the plan of the run that wrote the checkpoint
     records = state.get("train_records") if isinstance(state.get("train_records"), int) else None
     described = describe_resume_point(state, records, epochs if isinstance(epochs, int) else None)
     text = f": {described}" if described else ""
     done = resume_point(state, records).get("used_epoch")
     if isinstance(done, int) and isinstance(epochs, int) and done >= epochs:
         text += (f"; all {epochs} epoch(s) are trained, so it only exports the final model again "
-                 "(raise epoch_count to train on)")
+                 + (f"(set epoch_count to a number above {epochs} to train on)" if fit else
+                    "(raise epoch_count to train on)"))
     return text
 
 

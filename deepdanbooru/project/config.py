@@ -23,6 +23,8 @@ MODEL_NAMES = model_names()
 LOSS_NAMES = ("binary_crossentropy", "focal_loss", "asymmetric")
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop", "adamw", "lamb")
 LR_SCHEDULES = ("steps", "warmup_cosine")
+# epoch_count "fit": train-project plans the epochs that fit its --time-limit (training/fit.py).
+FIT = "fit"
 HEAD_BIAS_INITS = ("zeros", "log_prior")
 TAG_LOSS_WEIGHTS = ("log_frequency",)
 # adamw and lamb decay by this much when weight_decay is null (timm's and ConvNeXt's usual AdamW value).
@@ -82,6 +84,13 @@ def _number(value) -> float:
     if not math.isfinite(number):
         raise _Invalid(f"must be a finite number, got {_show(value)}")
     return number
+
+
+def _epoch_count(value) -> int | str:
+    if value == FIT or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    hint = _did_you_mean(value, (FIT,)) if isinstance(value, str) else ""
+    raise _Invalid(f'must be an integer >= 1 or "{FIT}", got {_show(value)}{hint}')
 
 
 def _bool(value) -> bool:
@@ -281,7 +290,10 @@ KEYS: tuple[Key, ...] = (
     Key("minimum_tag_count", 20, _int(0), "eligibility threshold on tag_count_general", "int", ">= 0"),
     Key("model", "resnet_custom_v2", _choice(MODEL_NAMES), "architecture", "str", ", ".join(MODEL_NAMES)),
     Key("minibatch_size", 32, _int(1), "global batch size", "int", "> 0"),
-    Key("epoch_count", 10, _int(1), "epochs to train", "int", "> 0"),
+    Key("epoch_count", 10, _epoch_count,
+        f'epochs to train; "{FIT}": train-project times its first two slices and plans the epochs '
+        "that fit its --time-limit, the learning-rate schedule stretched over them (again at each resume, from "
+        "the time left)", f'int or "{FIT}"', f'> 0, or "{FIT}" with --time-limit'),
     Key("export_model_per_epoch", 10, _int(0),
         "0: export after every epoch; N: after each completed epoch e with e % N == 0", "int", ">= 0"),
     Key("checkpoint_frequency_mb", 200, _int(1),
@@ -419,7 +431,7 @@ class ProjectConfig:
     minimum_tag_count: int
     model: str
     minibatch_size: int
-    epoch_count: int
+    epoch_count: int | str  # a number, or FIT
     export_model_per_epoch: int
     checkpoint_frequency_mb: int
     console_logging_frequency_mb: int
@@ -494,6 +506,13 @@ class ProjectConfig:
         if self.optimizer not in USED_ONLY_WITH["weight_decay"][1]:
             return None
         return DEFAULT_WEIGHT_DECAY if self.weight_decay is None else self.weight_decay
+
+    def require_epoch_count(self, time_limit: float | None) -> None:
+        """epoch_count "fit" plans from train-project's --time-limit: without one it is refused in one line."""
+        if self.epoch_count == FIT and time_limit is None:
+            raise ConfigError(file_field(self.config_path, "epoch_count", (
+                f'"{FIT}" plans the epochs that fit train-project\'s --time-limit, and none was given; give '
+                f"--time-limit (e.g. --time-limit 6m) or set epoch_count to a number of epochs")))
 
     def require_database(self) -> Path:
         """The database path, checked to exist (training and preflight need it)."""
@@ -574,6 +593,12 @@ def _combination_problems(raw: dict, values: dict, source: Path, used: set) -> l
             problems.append(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
                                                      f"{owner} is {_show(values[owner])}; remove it or change "
                                                      f"{owner}"))
+    if {"epoch_count", "learning_rates"} <= used and values["epoch_count"] == FIT and values["learning_rates"]:
+        # A drop at used_epoch 27 is an epoch, not a share of a length; fit would move the end under it.
+        problems.append(file_field(source, "learning_rates", (
+            f'its used_epoch values are fixed epochs, which epoch_count "{FIT}" cannot stretch over the epochs '
+            f'it plans; use lr_schedule "warmup_cosine" (its cosine ends at the planned last epoch), or set '
+            "epoch_count to a number")))
     if "min_learning_rate" in used and values["lr_schedule"] == "warmup_cosine" and values["min_learning_rate"] > values["learning_rate"]:
         problems.append(file_field(source, "min_learning_rate", f"must be <= learning_rate "
                                                                 f"({values['learning_rate']}), got "

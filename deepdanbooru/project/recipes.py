@@ -29,7 +29,8 @@ RECIPES: dict[str, dict] = {
     # docs/quality.md (a small WD-v3-style ViT pretrained on other pictures, 6 minutes each): 1e-3 beat
     # 3e-4 on every figure, a head-only first epoch gained nothing, and more epochs in the same time beat
     # fewer; optimizer, weight decay and loss are modern's, not varied. layer_decay and EMA were not
-    # measured, so they stay off. epoch_count is what filled those 6 minutes: set it to what fills yours.
+    # measured, so they stay off. epoch_count is what filled those 6 minutes: set it to what fills yours, or to "fit"
+    # with train-project --time-limit, which plans it from the measured speed.
     "finetune": {
         "optimizer": "adamw",
         "weight_decay": 0.05,

@@ -11,7 +11,8 @@ state.json format (version 1), all keys always present:
      "used_epoch": int, "used_minibatch": int, "used_sample": int, "offset": int,
      "random_seed": int, "epoch_bad_images": int, "complete": bool,
      "model": str, "image_height": int, "image_width": int,
-     "tags_hash": str, "tag_count": int, "epoch_count": int, "train_records": int,
+     "tags_hash": str, "tag_count": int, "epoch_count": int (epoch_count "fit": the plan in force),
+     "train_records": int,
      "records_hash": str (scoring.split.records_hash; absent in files written before it existed),
      "network": str (the Keras name of the network that trains), "source": str or null (its --source-model,
      absolute), "parameters": {"trainable": int, "non_trainable": int} (these three absent in older files)}

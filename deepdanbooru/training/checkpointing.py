@@ -136,5 +136,5 @@ class CheckpointKeeper:
         if not run.role.is_chief:
             return
         write_state_json(run.paths.checkpoints, checkpoint, counters, run.identity, complete=complete,
-                         epoch_count=run.config.epoch_count, train_records=run.schedule.train_records,
+                         epoch_count=run.schedule.epoch_count, train_records=run.schedule.train_records,
                          records_hash=run.records_hash, network=run.network.mirror())

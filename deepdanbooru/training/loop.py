@@ -40,6 +40,7 @@ from deepdanbooru.runstate.state import Counters, RunIdentity
 from deepdanbooru.scoring.split import records_hash
 from deepdanbooru.training.checkpointing import CheckpointKeeper, latest_checkpoint_of_setup
 from deepdanbooru.training.ema import WeightAverage
+from deepdanbooru.training.fit_monitor import FitMonitor
 from deepdanbooru.training.freeze import BackboneFreeze
 from deepdanbooru.training.making import Priors, make_model
 from deepdanbooru.training.network import Network, recorded_network
@@ -89,6 +90,9 @@ class SliceTrainer:
         self.schedule = Schedule.from_config(self.config, len(plan.train))
         # The learning rate per epoch (steps) or per minibatch (warmup_cosine).
         self.rates = LearningRateSchedule(self.config, len(plan.train))
+        # epoch_count "fit": the epoch count of both schedules, planned once this run has timed a slice.
+        self.fit = FitMonitor.for_run(plan, self.schedule, self.rates, echo)
+        self.monitors += [self.fit] if self.fit is not None else []
         priors = Priors(plan)
 
         check_global_batch(strategy, self.config.minibatch_size, self.config.config_path)
@@ -114,8 +118,12 @@ class SliceTrainer:
         self.network = Network.of(self.model, recorded.source if recorded else plan.source_model)
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
                                        self.monitors, echo)
+        restoring = time.monotonic()
         self.counters = self.keeper.restore()
+        restore_seconds = time.monotonic() - restoring
         self.worker_sums = self._agree_with_the_other_workers()
+        if self.fit is not None:
+            self.fit.resume(self.counters, restore_seconds, self.worker_sums)
         self.step = TrainStep(strategy, self.model, self.optimizer,
                               project_loss(self.config, "none", priors.loss_weights()),
                               loss_scaled=self.policy == MIXED, ema=self.ema)

@@ -41,6 +41,7 @@ class RunReport:
 
     def eta(self, now: float, position: int) -> float | None:
         """Seconds to the end of training, or to the --time-limit stop when that comes first."""
+        self._eta.total = self.schedule.done_records(self.schedule.epoch_count, 0)  # epoch_count "fit" plans it
         eta = self._eta.update(now, self.schedule.done_records(self.counters.used_epoch, position))
         if eta is not None and self.budget is not None:
             eta = min(eta, max(self.budget.seconds - self.budget.elapsed(), 0.0))

@@ -10,6 +10,10 @@ Learning rates (LearningRateSchedule):
                    u < W = round(warmup_epochs * S):  learning_rate * (u + 1) / W
                    otherwise:  min + (learning_rate - min) * (1 + cos(pi * (u - W) / (T - W))) / 2,
                    T = epoch_count * S, held at min once u reaches T
+
+epoch_count "fit" (training/fit.py) sets the epoch count of both schedules to the
+planned one once a run has measured its speed; until a fresh run has planned,
+the cosine has not begun (the rate is learning_rate after the warmup).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def validation_trigger(slice_number: int, last: bool, every: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: epoch_count "fit" sets epoch_count to the planned count
 class Schedule:
     train_records: int
     slice_records: int  # checkpoint_frequency_mb * minibatch_size
@@ -47,8 +51,10 @@ class Schedule:
     export_every: int  # export_model_per_epoch
 
     @classmethod
-    def from_config(cls, config, train_records: int) -> Schedule:
-        return cls(train_records, config.checkpoint_frequency_mb * config.minibatch_size, config.epoch_count,
+    def from_config(cls, config, train_records: int, epoch_count: int | None = None) -> Schedule:
+        """epoch_count: the planned count of epoch_count "fit" (None: project.json's number)."""
+        return cls(train_records, config.checkpoint_frequency_mb * config.minibatch_size,
+                   config.epoch_count if epoch_count is None else epoch_count,
                    config.seed, config.validation_frequency_slices, config.export_model_per_epoch)
 
     @property
@@ -85,11 +91,23 @@ class Schedule:
         """Records handed to the model since the first epoch began, `position` into epoch used_epoch."""
         return used_epoch * self.train_records + position
 
+    def validations_per_epoch(self) -> int:
+        """The validation passes in one epoch: every validation_every-th slice and the epoch end."""
+        slices = self.slices_per_epoch
+        return 1 + ((slices - 1) // self.validation_every if self.validation_every else 0)
 
-@dataclass(frozen=True)
+    def exports_per_epoch(self) -> float:
+        """The epoch exports an epoch writes on average (export_model_per_epoch 0: every epoch)."""
+        return 1.0 / (self.export_every or 1)
+
+
+@dataclass  # not frozen: epoch_count "fit" sets epoch_count to the planned count
 class LearningRateSchedule:
     config: object  # ProjectConfig
     train_records: int
+    # The epochs the cosine spans: None is project.json's epoch_count; "fit" sets the planned count, and
+    # math.inf before a fresh run has planned.
+    epoch_count: float | None = None
 
     @property
     def per_minibatch(self) -> bool:
@@ -105,7 +123,7 @@ class LearningRateSchedule:
         if not self.per_minibatch:
             return config.learning_rate_for_epoch(used_epoch)
         per_epoch = self.minibatches_per_epoch
-        total = config.epoch_count * per_epoch
+        total = (config.epoch_count if self.epoch_count is None else self.epoch_count) * per_epoch
         warmup = min(round(config.warmup_epochs * per_epoch), total)
         if used_minibatch < warmup:
             return config.learning_rate * (used_minibatch + 1) / warmup

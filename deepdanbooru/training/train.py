@@ -61,6 +61,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     device_choice = parse_devices(devices)
     paths = ProjectPaths(project_dir)
     config = load_config(paths.root)
+    config.require_epoch_count(time_limit)
     tags = load_tags(paths.tags)
     database = config.require_database()
     known_tags = source = None

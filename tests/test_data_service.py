@@ -8,6 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from deepdanbooru.pipeline import Augmentation, TrainingInput, training_dataset 
 from deepdanbooru.pipeline.service import (  # noqa: E402
     DataServiceError,
     ServiceErrors,
+    check_port_free,
     check_reachable,
     in_order,
 )
@@ -57,6 +60,47 @@ def test_a_batch_that_never_comes_stops_the_slice_with_one_line():
     later = [_batch(index, [index]) for index in range(1, 6)]
     with pytest.raises(DataServiceError, match=r"batch 0 of 9 .*\(4 later batches arrived first\)"):
         list(in_order(later, 9, window=3))
+
+
+def _then_nothing(arrived, release):
+    """The batches in `arrived`, then a wait that never ends by itself (a worker that died holding the next)."""
+    yield from arrived
+    release.wait()
+
+
+def test_no_batch_for_the_stall_bound_stops_the_slice_with_one_line_naming_the_missing_batch():
+    release = threading.Event()
+    try:
+        batches = in_order(_then_nothing([_batch(0, [0]), _batch(2, [2])], release), 4, stall=0.3)
+        assert list(next(batches)["position"]) == [0]
+        with pytest.raises(DataServiceError, match=r"^project.json: data_service: batch 1 of 4 of this slice never "
+                                                   r"came \(no batch at all came for 0.3 s\): .* resumes"):
+            next(batches)
+    finally:
+        release.set()
+
+
+def test_waiting_for_a_batch_ends_at_the_time_limit_deadline():
+    release = threading.Event()
+    try:
+        batches = in_order(_then_nothing([_batch(0, [0])], release), 2, deadline=time.monotonic() + 0.3)
+        assert list(next(batches)["position"]) == [0]
+        with pytest.raises(DataServiceError, match=r"batch 1 of 2 of this slice never came \(--time-limit ran out "
+                                                   r"while waiting for it\)"):
+            next(batches)
+    finally:
+        release.set()
+
+
+def test_an_error_of_the_service_reader_reaches_the_trainer():
+    def broken():
+        yield _batch(0, [0])
+        raise tf.errors.UnavailableError(None, None, "socket closed")
+
+    batches = in_order(broken(), 3)
+    next(batches)
+    with pytest.raises(tf.errors.UnavailableError, match="socket closed"):
+        next(batches)
 
 
 def test_a_failure_inside_tf_data_is_raised_again_as_its_one_line():

@@ -28,9 +28,10 @@ its batches never come. The trainer then stops with one line; running again
 resumes from the last checkpoint and remakes that slice exactly. The
 trainer never waits for ever: the service's output is read on a thread of
 its own and the trainer gives up when no batch came for STALL_SECONDS or
-when --time-limit runs out. The dispatcher started here forgets a worker
-that stopped sending heartbeats after WORKER_TIMEOUT_MS, so the job ends (the
-slice fails with its one line) and later jobs go to the workers still alive.
+when --time-limit runs out. A slice ends when its last batch is in, without
+waiting for the service to end the job: a dead worker stays in every later
+job (measured with TensorFlow 2.21, even after the dispatcher timed it out),
+so those jobs never end, while the live workers make all their batches.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ REORDER_WINDOW = 64
 _BATCHES_IN_FLIGHT = 2
 # No batch at all from the service for this long means it stalled (no live worker, a hung worker or
 # dispatcher); a batch normally takes well under a second, a slice's first one a few seconds of set-up.
-STALL_SECONDS = 300.0
-# Our dispatcher forgets a worker that sent no heartbeat for this long (TensorFlow's own default keeps a
-# dead worker, and hands it new jobs, for far longer); it looks for such workers every second, and our
-# workers send a heartbeat every second.
+STALL_SECONDS = 120.0
+# Our dispatcher logs a worker that sent no heartbeat for this long as lost and looks for such workers (and
+# for jobs whose trainer is gone) every second instead of every 10 minutes; our workers send a heartbeat
+# every second instead of every 30 s. TensorFlow 2.21 still gives the lost worker a task of each new job,
+# which is why in_order does not wait for a job's end.
 WORKER_TIMEOUT_MS = 10_000
 _CHECK_INTERVAL_MS = 1_000
 _HEARTBEAT_MS = 1_000
@@ -134,6 +136,10 @@ def in_order(batches, batch_count: int, window: int = REORDER_WINDOW, stall: flo
                 expected += 1
                 if int(np.shape(ready["position"])[0]):
                     yield ready
+            if expected == batch_count:
+                # Every batch is here. The service's end of the job is not awaited: a worker that died, even
+                # before this job, keeps it open (TensorFlow 2.21 gives it a task of every job), for ever.
+                return
             if len(pending) > window:
                 raise DataServiceError(_lost(expected, batch_count, f"{len(pending)} later batches arrived first"))
     except _Late as late:

@@ -159,8 +159,10 @@ def _arrivals(batches, stall: float, deadline: float | None):
     """The items of `batches`, each waited for at most `stall` seconds and never past `deadline`.
 
     TensorFlow's data-service reader waits for a lost worker without a time limit and cannot be
-    interrupted, so it runs on a daemon thread that hands each item over; when a wait runs out that
-    thread is left blocked (it ends once the service answers; the CLI leaves without joining it)."""
+    interrupted, so it runs on a daemon thread that hands each item over. When a wait runs out, or the
+    slice ends before the service ends its job, that thread stays blocked until the service answers
+    (never, while a dead worker keeps the job open): one idle thread per such slice. A daemon thread
+    does not hold up the interpreter's exit, and the CLI leaves without joining threads anyway."""
     handoff = queue.Queue(maxsize=1)
     abandoned = threading.Event()
 
@@ -179,7 +181,7 @@ def _arrivals(batches, stall: float, deadline: float | None):
                 if not hand_over((batch, None)):
                     return
             hand_over((_END, None))
-        except Exception as error:  # noqa: BLE001 - raised again on the trainer's side
+        except Exception as error:  # any failure of the reader is raised again on the trainer's side
             hand_over((None, error))
 
     threading.Thread(target=read, name="data-service batches", daemon=True).start()

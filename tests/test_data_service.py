@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from train_helpers import assert_same_weights, cli_env, make_project
+from train_helpers import assert_same_weights, checkpoint_prefixes, cli_env, make_project, read_state
 
 tf = pytest.importorskip("tensorflow")
 
@@ -23,6 +27,7 @@ from deepdanbooru.pipeline import Augmentation, TrainingInput, training_dataset 
 from deepdanbooru.pipeline.service import (  # noqa: E402
     DataServiceError,
     ServiceErrors,
+    check_port_free,
     check_reachable,
     in_order,
 )
@@ -57,6 +62,47 @@ def test_a_batch_that_never_comes_stops_the_slice_with_one_line():
     later = [_batch(index, [index]) for index in range(1, 6)]
     with pytest.raises(DataServiceError, match=r"batch 0 of 9 .*\(4 later batches arrived first\)"):
         list(in_order(later, 9, window=3))
+
+
+def _then_nothing(arrived, release):
+    """The batches in `arrived`, then a wait that never ends by itself (a worker that died holding the next)."""
+    yield from arrived
+    release.wait()
+
+
+def test_no_batch_for_the_stall_bound_stops_the_slice_with_one_line_naming_the_missing_batch():
+    release = threading.Event()
+    try:
+        batches = in_order(_then_nothing([_batch(0, [0]), _batch(2, [2])], release), 4, stall=0.3)
+        assert list(next(batches)["position"]) == [0]
+        with pytest.raises(DataServiceError, match=r"^project.json: data_service: batch 1 of 4 of this slice never "
+                                                   r"came \(no batch at all came for 0.3 s\): .* resumes"):
+            next(batches)
+    finally:
+        release.set()
+
+
+def test_waiting_for_a_batch_ends_at_the_time_limit_deadline():
+    release = threading.Event()
+    try:
+        batches = in_order(_then_nothing([_batch(0, [0])], release), 2, deadline=time.monotonic() + 0.3)
+        assert list(next(batches)["position"]) == [0]
+        with pytest.raises(DataServiceError, match=r"batch 1 of 2 of this slice never came \(--time-limit ran out "
+                                                   r"while waiting for it\)"):
+            next(batches)
+    finally:
+        release.set()
+
+
+def test_an_error_of_the_service_reader_reaches_the_trainer():
+    def broken():
+        yield _batch(0, [0])
+        raise tf.errors.UnavailableError(None, None, "socket closed")
+
+    batches = in_order(broken(), 3)
+    next(batches)
+    with pytest.raises(tf.errors.UnavailableError, match="socket closed"):
+        next(batches)
 
 
 def test_a_failure_inside_tf_data_is_raised_again_as_its_one_line():
@@ -103,6 +149,52 @@ def test_data_service_command_checks_its_options():
     assert result.output.strip() == (f"error: --dispatcher: no dispatcher answers at localhost:{port} (Connection "
                                      f"refused); start one with `deepdanbooru data-service dispatcher --port "
                                      f"{port}` on localhost")
+
+
+def _refused(*args) -> subprocess.CompletedProcess:
+    """`deepdanbooru data-service ...` expected to exit at once (a server that starts would run until killed)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "deepdanbooru", "data-service", *args], env=cli_env(),
+                              capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"data-service {' '.join(args)} started instead of refusing: {expired.stdout}")
+
+
+def _port_in_use(port) -> str:
+    return (f"error: --port {port}: the port is in use on this host (a data-service server or another program "
+            f"listens on it); stop that one or choose another --port")
+
+
+def test_a_second_dispatcher_on_a_dispatcher_s_port_is_refused_in_one_line():
+    port = _free_port()
+    (dispatcher,) = _start(("dispatcher", "--port", str(port), "--host", "127.0.0.1"))
+    try:
+        # gRPC listens with SO_REUSEPORT: without the check the second one started and shared the port.
+        second = _refused("dispatcher", "--port", str(port))
+        assert (second.returncode, second.stdout + second.stderr) == (2, _port_in_use(port) + "\n")
+        worker = _refused("worker", "--dispatcher", f"127.0.0.1:{port}", "--port", str(port))
+        assert (worker.returncode, worker.stdout + worker.stderr) == (2, _port_in_use(port) + "\n")
+    finally:
+        _stop(dispatcher)
+
+
+def test_a_port_another_program_listens_on_is_one_line_not_a_grpc_traceback(monkeypatch):
+    from deepdanbooru.pipeline import service
+
+    with socket.socket() as other:
+        other.bind(("", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        result = _refused("dispatcher", "--port", str(port))
+        assert (result.returncode, result.stdout + result.stderr) == (2, _port_in_use(port) + "\n")
+        with pytest.raises(DataServiceError, match=rf"^--port {port}: the port is in use"):
+            check_port_free(port)
+        # Taken between the check and the start: gRPC's own failure becomes the same line.
+        monkeypatch.setattr(service, "check_port_free", lambda port: None)
+        with pytest.raises(DataServiceError) as raised:
+            service.serve("dispatcher", port=port, echo=lambda *_: None)
+        assert f"error: {raised.value}" == _port_in_use(port)
+    check_port_free(port)  # free again once closed
 
 
 @pytest.fixture
@@ -187,3 +279,86 @@ def test_training_on_the_data_service_gives_the_local_run_s_weights_bit_for_bit(
         for worker in workers:
             worker.stop()
         dispatcher.stop()
+
+
+def _run(log_path, project, *options):
+    with open(log_path, "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "deepdanbooru", "train-project", str(project), *options],
+                                env=cli_env(), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finished(trainer, log_path, within: float = 240.0) -> tuple[int, str]:
+    """(exit code, output) of a train-project run; a run still there after `within` seconds hung (a failure)."""
+    try:
+        trainer.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        trainer.kill()
+        trainer.wait()
+        pytest.fail(f"train-project still running after {within:g} s:\n{log_path.read_text()}")
+    return trainer.returncode, log_path.read_text()
+
+
+def _one_error(output: str) -> str:
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_a_hung_worker_ends_the_run_at_its_time_limit_and_after_a_killed_worker_the_next_run_resumes(tmp_path):
+    """A worker stuck on a picture (a FIFO nobody writes, read as an image), then killed -9 and replaced."""
+    from deepdanbooru.sample.generator import generate_sample_dataset
+    from deepdanbooru.training.schedule import epoch_order
+    from deepdanbooru.training.train import plan_training, train_project
+
+    database, tags = generate_sample_dataset(tmp_path / "dataset", count=24, size=32)
+    port = _free_port()
+    # One epoch of 24 records in two slices of three batches of 4.
+    settings = dict(epoch_count=1, checkpoint_frequency_mb=3, export_model_per_epoch=0)
+    project = make_project(tmp_path / "served", database, tags, data_service=f"127.0.0.1:{port}", **settings)
+    plan = plan_training(project)
+    paths = plan.train.paths()
+    # The picture at epoch position 17: batch 1 of the second slice.
+    stuck = Path(paths[epoch_order(len(paths), plan.config.seed, 0)[17]])
+    original = stuck.read_bytes()
+    stuck.unlink()
+    os.mkfifo(stuck)
+    (dispatcher,) = _start(("dispatcher", "--port", str(port), "--host", "127.0.0.1"))
+    (worker,) = _start(("worker", "--dispatcher", f"127.0.0.1:{port}", "--host", "127.0.0.1"))
+    trainer = replacement = None
+    try:
+        # 1. The worker hangs opening the picture: the run ends by its time limit, inside the second slice,
+        # with the first slice's checkpoint as the last state.
+        trainer = _run(tmp_path / "1.log", project, "--time-limit", "60s")
+        code, output = _finished(trainer, tmp_path / "1.log")
+        assert code == 2 and _one_error(output) == (
+            "error: project.json: data_service: batch 1 of 3 of this slice never came (--time-limit ran out while "
+            "waiting for it): a data-service worker stopped mid-slice, or none is running. Running train-project "
+            "again resumes at the last checkpoint and remakes the slice exactly"), output
+        assert read_state(project)["offset"] == 12 and checkpoint_prefixes(project) == ["ckpt-1"]
+
+        # 2. That worker is killed -9 and another one started. TensorFlow keeps the dead worker in every new
+        # job, which then never ends; the run still gets every batch from the live worker, resumes from the
+        # checkpoint and ends with the weights of a run that never stopped.
+        worker.kill()
+        worker.wait()
+        stuck.unlink()
+        stuck.write_bytes(original)
+        (replacement,) = _start(("worker", "--dispatcher", f"127.0.0.1:{port}", "--host", "127.0.0.1"))
+        trainer = _run(tmp_path / "2.log", project)
+        code, output = _finished(trainer, tmp_path / "2.log")
+        assert code == 0 and f"Resuming from {project / 'checkpoints' / 'ckpt-1'}" in output, output
+    finally:
+        for child in (trainer, worker):
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.wait()
+        for child in (replacement, dispatcher):
+            if child is not None:
+                _stop(child)
+        if stuck.is_fifo():
+            stuck.unlink()
+            stuck.write_bytes(original)
+    local = make_project(tmp_path / "local", database, tags, **settings)
+    train_project(local, echo=lambda *_: None)
+    assert_same_weights(local / "model-resnet_small.keras", project / "model-resnet_small.keras")

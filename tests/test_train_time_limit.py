@@ -48,6 +48,8 @@ def test_another_slice_fits_only_with_room_for_the_slice_its_exports_and_the_mar
     budget = TimeBudget(1000.0, "1000s", clock=clock)
     margin = 0.01 * 1000 + MARGIN_SECONDS
     assert budget.margin == margin
+    # The clock reading where a wait inside a slice (for a data-service batch) gives up.
+    assert budget.deadline == 1000.0 + 1000.0 - margin
     clock.now += 5000  # nothing measured yet: the first slice always runs
     assert budget.another_slice_fits(exports=2)
     clock.now = 1000.0 + 300

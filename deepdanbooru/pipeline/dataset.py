@@ -160,6 +160,8 @@ class TrainingInput:
     mixup: float | None = None  # Beta(alpha, alpha) of the batch mixing; None: off
     fill: Fill = Fill()  # padding and transparency (pipeline.fill)
     data_service: str | None = None  # HOST:PORT of a tf.data service dispatcher that makes the batches; None: here
+    # time.monotonic() at which --time-limit ends: waiting for a data-service batch stops there. None: no limit
+    deadline: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "mixup", float(self.mixup) if self.mixup else None)
@@ -196,7 +198,7 @@ def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random
         from deepdanbooru.pipeline.service import service_batches
 
         return service_batches(_columns(paths, positions, tag_strings), _batching(**settings), options.batch_size,
-                               options.data_service).with_options(_OPTIONS)
+                               options.data_service, options.deadline).with_options(_OPTIONS)
     return _build(_records(paths, positions, tag_strings), **settings)
 
 

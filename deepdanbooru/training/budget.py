@@ -7,7 +7,8 @@ so a later run continues exactly where this one left off. Before each slice
 the loop asks `another_slice_fits`: the time left must hold the longest
 slice seen so far (its validation and checkpoint included), the exports that
 follow it, and a margin. Nothing is measured before the first slice, so a run
-always trains at least one.
+always trains at least one. The one wait inside a slice that may never end,
+for a batch from the tf.data service, gives up at `deadline` with one line.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ class TimeBudget:
     @property
     def margin(self) -> float:
         return MARGIN_SHARE * self.seconds + MARGIN_SECONDS
+
+    @property
+    def deadline(self) -> float:
+        """The clock reading by which a wait inside a slice must give up: the limit less the margin."""
+        return self.started + self.seconds - self.margin
 
     def elapsed(self) -> float:
         return self.clock() - self.started

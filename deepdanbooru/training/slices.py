@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from deepdanbooru.errors import TrainingError, file_field
@@ -19,7 +21,10 @@ class SliceRunner:
         self.rates, self.counters, self.report, self.monitors = rates, counters, report, monitors
         self.check_finite = check_finite
         self.train_paths = plan.train.paths()
-        self.input_options = TrainingInput.from_config(self.config)
+        budget = plan.time_budget
+        # Only data-service input can block inside a slice (waiting for a batch): it stops at the limit.
+        self.input_options = dataclasses.replace(TrainingInput.from_config(self.config),
+                                                 deadline=budget.deadline if budget is not None else None)
         self.shards = shard_reader(plan.shards)  # None: the pictures come from their files
 
     def train(self, order: np.ndarray, start: int, stop: int) -> None:

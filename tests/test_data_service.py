@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,25 +71,20 @@ def _then_nothing(arrived, release):
     release.wait()
 
 
-def test_no_batch_for_the_stall_bound_stops_the_slice_with_one_line_naming_the_missing_batch():
+@pytest.mark.parametrize("arrived, total, bound, reason", [
+    ([0, 2], 4, {"stall": 0.3}, r"no batch at all came for 0.3 s"),
+    ([0], 2, {"deadline": 0.3}, r"--time-limit ran out while waiting for it"),
+], ids=["stall-bound", "time-limit-deadline"])
+def test_waiting_for_a_missing_batch_ends_with_one_line_naming_it(arrived, total, bound, reason):
+    """No batch for the stall bound, or the --time-limit deadline reached, stops the slice at batch 1."""
+    if "deadline" in bound:
+        bound = {"deadline": time.monotonic() + bound["deadline"]}
     release = threading.Event()
     try:
-        batches = in_order(_then_nothing([_batch(0, [0]), _batch(2, [2])], release), 4, stall=0.3)
+        batches = in_order(_then_nothing([_batch(index, [index]) for index in arrived], release), total, **bound)
         assert list(next(batches)["position"]) == [0]
-        with pytest.raises(DataServiceError, match=r"^project.json: data_service: batch 1 of 4 of this slice never "
-                                                   r"came \(no batch at all came for 0.3 s\): .* resumes"):
-            next(batches)
-    finally:
-        release.set()
-
-
-def test_waiting_for_a_batch_ends_at_the_time_limit_deadline():
-    release = threading.Event()
-    try:
-        batches = in_order(_then_nothing([_batch(0, [0])], release), 2, deadline=time.monotonic() + 0.3)
-        assert list(next(batches)["position"]) == [0]
-        with pytest.raises(DataServiceError, match=r"batch 1 of 2 of this slice never came \(--time-limit ran out "
-                                                   r"while waiting for it\)"):
+        with pytest.raises(DataServiceError, match=rf"^project.json: data_service: batch 1 of {total} of this slice "
+                                                   rf"never came \({re.escape(reason)}\): .* resumes"):
             next(batches)
     finally:
         release.set()

@@ -270,12 +270,62 @@ def test_epoch_count_fit_is_accepted_and_needs_a_time_limit_to_train(tmp_path):
     load_config(write(tmp_path, {"epoch_count": 3})).require_epoch_count(None)  # a number needs no limit
 
 
-def test_epoch_count_fit_refuses_step_drops_at_fixed_epochs(tmp_path):
-    write(tmp_path, {"epoch_count": "fit", "learning_rates": [{"used_epoch": 27, "learning_rate": 0.0005}]})
+def fit_refusal(tmp_path, learning_rates) -> str:
+    write(tmp_path, {"epoch_count": "fit", "learning_rates": learning_rates})
     with pytest.raises(ConfigError) as caught:
         load_config(tmp_path)
-    message = str(caught.value)
-    assert message.startswith(f"{tmp_path / 'project.json'}: learning_rates: its used_epoch values are fixed epochs")
-    assert 'lr_schedule "warmup_cosine"' in message and "\n" not in message
-    # A constant rate (steps without learning_rates) has nothing to stretch.
+    return str(caught.value)
+
+
+def test_epoch_count_fit_refuses_drops_at_fixed_epochs_and_says_them_as_used_fraction(tmp_path):
+    from deepdanbooru.project.recipes import RECIPES
+
+    # A modern project switched to "fit": the fractions of its own drops over the recipe's 40 epochs.
+    assert fit_refusal(tmp_path, RECIPES["modern"]["learning_rates"]) == (
+        f"{tmp_path / 'project.json'}: learning_rates: entry 0: used_epoch 27 is a fixed epoch, which epoch_count "
+        '"fit" cannot stretch over the epochs it plans; give the drops as used_fraction, the share of the epochs '
+        "after which each applies (used_epoch 27 of epoch_count 40 is used_fraction 0.675, used_epoch 37 of "
+        'epoch_count 40 is used_fraction 0.925), use lr_schedule "warmup_cosine", or set epoch_count to a number')
+    # Drops of its own: the count they were written for is unknown, so the rule with their epoch. A drop at
+    # used_epoch 0 is the rate from the start, which no count moves.
+    message = fit_refusal(tmp_path, [{"used_epoch": 0, "learning_rate": 0.1}, {"used_epoch": 5, "learning_rate": 0.01}])
+    assert message.startswith(f"{tmp_path / 'project.json'}: learning_rates: entry 1: used_epoch 5 is a fixed epoch")
+    assert "used_epoch 5 of epoch_count N is used_fraction 5/N" in message and "\n" not in message
+    # A constant rate (steps without learning_rates) has nothing to stretch; drops at shares of it stretch.
     assert load_config(write(tmp_path, {"epoch_count": "fit"})).lr_schedule == "steps"
+    config = load_config(write(tmp_path, {"epoch_count": "fit", "learning_rates": [
+        {"used_epoch": 0, "learning_rate": 0.1}, {"used_fraction": 0.675, "learning_rate": 0.01}]}))
+    assert config.learning_rates[1].used_fraction == 0.675 and config.learning_rates[1].used_epoch is None
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"learning_rate": 0.1}, "entry 0 is missing used_epoch and used_fraction; give exactly one"),
+    ({"used_epoch": 2, "used_fraction": 0.5, "learning_rate": 0.1},
+     "entry 0 gives both used_epoch and used_fraction; give exactly one"),
+    ({"used_fraction": 0, "learning_rate": 0.1}, "entry 0: used_fraction must be > 0.0, got 0"),
+    ({"used_fraction": 1, "learning_rate": 0.1}, "entry 0: used_fraction must be < 1.0, got 1"),
+    ({"used_fraction": "0.5", "learning_rate": 0.1}, 'entry 0: used_fraction must be a number, got "0.5"'),
+    ({"used_fraction": 0.5}, "entry 0 is missing learning_rate"),
+])
+def test_a_drop_gives_used_epoch_or_used_fraction(tmp_path, entry, message):
+    write(tmp_path, {"learning_rates": [entry]})
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path / 'project.json'}: learning_rates: {message}")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_used_fraction_drop_applies_from_the_epoch_ceil_of_its_share(tmp_path):
+    drops = [{"used_fraction": 0.28, "learning_rate": 0.1}, {"used_fraction": 0.675, "learning_rate": 0.01}]
+    config = load_config(write(tmp_path, {"epoch_count": 25, "learning_rate": 1.0, "learning_rates": drops}))
+    # 0.28 x 25 is 7.000000000000001 in floats: still epoch 7, as used_epoch 7 of 25; 0.675 x 25 = 16.875 -> 17.
+    assert [config.learning_rate_for_epoch(e) for e in (0, 6, 7, 16, 17, 24)] == [1.0, 1.0, 0.1, 0.1, 0.01, 0.01]
+    # Over another count: 0.28 x 5 = 1.4 -> epoch 2, 0.675 x 5 = 3.375 -> epoch 4.
+    assert [config.learning_rate_for_epoch(e, 5) for e in range(5)] == [1.0, 1.0, 0.1, 0.1, 0.01]
+    # Not planned yet (epoch_count "fit" before the run has timed a slice): no share placed.
+    assert config.learning_rate_for_epoch(24, math.inf) == 1.0
+    fit = load_config(write(tmp_path, {"epoch_count": "fit", "learning_rate": 1.0, "learning_rates": drops}))
+    assert fit.learning_rate_for_epoch(100) == 1.0 and fit.learning_rate_for_epoch(3, 4) == 0.01
+    # In list order, as with used_epoch: from the later share on, an earlier-listed later share loses.
+    reordered = load_config(write(tmp_path, {"epoch_count": 25, "learning_rate": 1.0, "learning_rates": drops[::-1]}))
+    assert [reordered.learning_rate_for_epoch(e) for e in (6, 7, 17)] == [1.0, 0.1, 0.1]

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from deepdanbooru.errors import ConfigError, file_field
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS
+from deepdanbooru.project.recipes import RECIPES
 from deepdanbooru.registry import model_names
 
 PROJECT_FILE = "project.json"
@@ -198,36 +199,59 @@ def _extensions(value) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class LearningRateStep:
-    used_epoch: int
+    used_epoch: int | None  # None: the entry gives used_fraction
     learning_rate: float
+    used_fraction: float | None = None  # in (0, 1): a share of the run's epochs
+
+    def first_epoch(self, epoch_count: float) -> float:
+        """The first used_epoch the entry applies to: used_epoch, or ceil(used_fraction x epoch_count), the
+        first epoch that starts with at least that share of the epochs done (math.inf: not placed yet)."""
+        if self.used_fraction is None:
+            return self.used_epoch
+        if math.isinf(epoch_count):
+            return math.inf
+        # The tolerance keeps a share written as epoch / count on that epoch: 0.675 x 40 is epoch 27.
+        return math.ceil(self.used_fraction * epoch_count - FRACTION_TOLERANCE)
+
+
+# How far below a whole epoch used_fraction x epoch_count may fall from float rounding and still be it.
+FRACTION_TOLERANCE = 1e-9
+STEP_KEYS = ("used_epoch", "used_fraction", "learning_rate")
 
 
 def _schedule(value) -> tuple[LearningRateStep, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise _Invalid(f"must be a list of {{used_epoch, learning_rate}} objects, got {_show(value)}")
-    steps = []
-    for index, entry in enumerate(value):
-        where = f"entry {index}"
-        if not isinstance(entry, dict):
-            raise _Invalid(f"{where} must be an object with used_epoch and learning_rate, got {_show(entry)}")
-        extra = set(entry) - {"used_epoch", "learning_rate"}
-        if extra:
-            raise _Invalid(f"{where} has unknown key(s) {', '.join(sorted(extra))}")
-        for name in ("used_epoch", "learning_rate"):
-            if name not in entry:
-                raise _Invalid(f"{where} is missing {name}")
-        try:
-            epoch = _int(0)(entry["used_epoch"])
-        except _Invalid as error:
-            raise _Invalid(f"{where}: used_epoch {error}") from None
-        try:
-            rate = _float(0.0, exclusive_minimum=True)(entry["learning_rate"])
-        except _Invalid as error:
-            raise _Invalid(f"{where}: learning_rate {error}") from None
-        steps.append(LearningRateStep(epoch, rate))
-    return tuple(steps)
+        raise _Invalid(f"must be a list of {{used_epoch or used_fraction, learning_rate}} objects, got {_show(value)}")
+    return tuple(_schedule_step(f"entry {index}", entry) for index, entry in enumerate(value))
+
+
+def _schedule_step(where: str, entry) -> LearningRateStep:
+    if not isinstance(entry, dict):
+        raise _Invalid(f"{where} must be an object with used_epoch (or used_fraction) and learning_rate, got "
+                       f"{_show(entry)}")
+    extra = set(entry) - set(STEP_KEYS)
+    if extra:
+        raise _Invalid(f"{where} has unknown key(s) {', '.join(sorted(extra))}")
+    given = [name for name in ("used_epoch", "used_fraction") if name in entry]
+    if len(given) != 1:
+        raise _Invalid(f"{where} {'gives both' if given else 'is missing'} used_epoch and used_fraction; give "
+                       "exactly one (used_epoch: a fixed epoch; used_fraction: a share of epoch_count)")
+    if "learning_rate" not in entry:
+        raise _Invalid(f"{where} is missing learning_rate")
+    check = _int(0) if given[0] == "used_epoch" else _float(0.0, 1.0, exclusive_minimum=True, exclusive_maximum=True)
+    try:
+        when = check(entry[given[0]])
+    except _Invalid as error:
+        raise _Invalid(f"{where}: {given[0]} {error}") from None
+    try:
+        rate = _float(0.0, exclusive_minimum=True)(entry["learning_rate"])
+    except _Invalid as error:
+        raise _Invalid(f"{where}: learning_rate {error}") from None
+    if given[0] == "used_epoch":
+        return LearningRateStep(when, rate)
+    return LearningRateStep(None, rate, when)
 
 
 def _show(value) -> str:
@@ -305,8 +329,10 @@ KEYS: tuple[Key, ...] = (
     Key("learning_rate", 0.001, _float(0.0, exclusive_minimum=True), "base learning rate", "float", "> 0"),
     Key("learning_rates", None, _schedule,
         "at the start of epoch e the rate is that of the last entry, in list order, whose used_epoch <= e; "
-        "none matching: learning_rate", "list or absent",
-        "entries {used_epoch: int >= 0, learning_rate: float > 0}"),
+        "none matching: learning_rate. An entry with used_fraction f instead applies from epoch "
+        f'ceil(f x epoch_count) (the planned count with "{FIT}", which takes only used_fraction drops)',
+        "list or absent",
+        "entries {used_epoch: int >= 0 or used_fraction: 0 < float < 1, learning_rate: float > 0}"),
     Key("rotation_range", (0.0, 360.0), _range(), "rotation in degrees; null or [] disables", "[lo, hi] or null", "lo <= hi"),
     Key("scale_range", (0.9, 1.1), _range(positive=True), "scale factor; null or [] disables", "[lo, hi] or null", "0 < lo <= hi"),
     Key("shift_range", (-0.1, 0.1), _range(), "shift as a fraction of the target size; null or [] disables",
@@ -482,10 +508,14 @@ class ProjectConfig:
     def input_shape(self) -> tuple[int, int, int]:
         return (self.image_height, self.image_width, 3)
 
-    def learning_rate_for_epoch(self, epoch: int) -> float:
+    def learning_rate_for_epoch(self, epoch: int, epoch_count: float | None = None) -> float:
+        """The steps schedule's rate for epoch `epoch` (0-based). epoch_count: the count used_fraction entries
+        are placed over (None: project.json's number; math.inf, as "fit" before it has planned: not placed)."""
+        if epoch_count is None:
+            epoch_count = math.inf if self.epoch_count == FIT else self.epoch_count
         rate = self.learning_rate
         for step in self.learning_rates or ():
-            if step.used_epoch <= epoch:
+            if step.first_epoch(epoch_count) <= epoch:
                 rate = step.learning_rate
         return rate
 
@@ -593,17 +623,41 @@ def _combination_problems(raw: dict, values: dict, source: Path, used: set) -> l
             problems.append(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
                                                      f"{owner} is {_show(values[owner])}; remove it or change "
                                                      f"{owner}"))
-    if {"epoch_count", "learning_rates"} <= used and values["epoch_count"] == FIT and values["learning_rates"]:
-        # A drop at used_epoch 27 is an epoch, not a share of a length; fit would move the end under it.
-        problems.append(file_field(source, "learning_rates", (
-            f'its used_epoch values are fixed epochs, which epoch_count "{FIT}" cannot stretch over the epochs '
-            f'it plans; use lr_schedule "warmup_cosine" (its cosine ends at the planned last epoch), or set '
-            "epoch_count to a number")))
+    if {"epoch_count", "learning_rates"} <= used and values["epoch_count"] == FIT:
+        problems.extend(_fixed_drops_under_fit(raw, values["learning_rates"] or (), source))
     if "min_learning_rate" in used and values["lr_schedule"] == "warmup_cosine" and values["min_learning_rate"] > values["learning_rate"]:
         problems.append(file_field(source, "min_learning_rate", f"must be <= learning_rate "
                                                                 f"({values['learning_rate']}), got "
                                                                 f"{_show(raw['min_learning_rate'])}"))
     return problems
+
+
+def _fixed_drops_under_fit(raw: dict, steps, source: Path) -> list[str]:
+    """A drop at used_epoch 27 is an epoch, not a share of a length: "fit" would move the end under it. An entry
+    at used_epoch 0 (the rate from the start) does not move and stays allowed."""
+    fixed = [index for index, step in enumerate(steps) if step.used_epoch]
+    if not fixed:
+        return []
+    index, epoch = fixed[0], steps[fixed[0]].used_epoch
+    written_for = _recipe_epoch_count(raw.get("learning_rates"))
+    if written_for:
+        shares = ", ".join(f"used_epoch {steps[i].used_epoch} of epoch_count {written_for} is used_fraction "
+                           f"{steps[i].used_epoch / written_for:.4g}" for i in fixed)
+    else:
+        shares = (f"used_fraction is used_epoch / the epoch_count the drops were written for: used_epoch {epoch} "
+                  f"of epoch_count N is used_fraction {epoch}/N")
+    return [file_field(source, "learning_rates", (
+        f'entry {index}: used_epoch {epoch} is a fixed epoch, which epoch_count "{FIT}" cannot stretch over the epochs it plans; '
+        f"give the drops as used_fraction, the share of the epochs after which each applies ({shares}), use "
+        f'lr_schedule "warmup_cosine", or set epoch_count to a number'))]
+
+
+def _recipe_epoch_count(entries) -> int | None:
+    """The numeric epoch_count of the create-project recipe whose learning_rates these entries are, if any."""
+    for recipe in RECIPES.values():
+        if entries and recipe.get("learning_rates") == entries and isinstance(recipe.get("epoch_count"), int):
+            return recipe["epoch_count"]
+    return None
 
 
 def load_config(project_dir, uses: tuple[str, ...] | None = None) -> ProjectConfig:

@@ -5,7 +5,9 @@ and the resume counters, so a resumed run takes the same decisions at the same
 places as one that never stopped.
 
 Learning rates (LearningRateSchedule):
-    steps          DeepDanbooru's: learning_rates' entry for used_epoch (else learning_rate), set per epoch
+    steps          DeepDanbooru's: learning_rates' entry for used_epoch (else learning_rate), set at the
+                   start of every slice; an entry with used_fraction f applies from epoch
+                   ceil(f * epoch_count)
     warmup_cosine  per minibatch u (used_minibatch before the step), with S = minibatches per epoch:
                    u < W = round(warmup_epochs * S):  learning_rate * (u + 1) / W
                    otherwise:  min + (learning_rate - min) * (1 + cos(pi * (u - W) / (T - W))) / 2,
@@ -13,7 +15,9 @@ Learning rates (LearningRateSchedule):
 
 epoch_count "fit" (training/fit.py) sets the epoch count of both schedules to the
 planned one once a run has measured its speed; until a fresh run has planned,
-the cosine has not begun (the rate is learning_rate after the warmup).
+the cosine has not begun (the rate is learning_rate after the warmup) and no
+used_fraction drop is placed. A plan made before a checkpoint moves the drops
+from the next slice on, in the run and in one resumed from that checkpoint.
 """
 
 from __future__ import annotations
@@ -105,8 +109,8 @@ class Schedule:
 class LearningRateSchedule:
     config: object  # ProjectConfig
     train_records: int
-    # The epochs the cosine spans: None is project.json's epoch_count; "fit" sets the planned count, and
-    # math.inf before a fresh run has planned.
+    # The epochs the cosine spans and used_fraction drops are placed over: None is project.json's epoch_count;
+    # "fit" sets the planned count, and math.inf before a fresh run has planned.
     epoch_count: float | None = None
 
     @property
@@ -121,7 +125,7 @@ class LearningRateSchedule:
     def rate(self, used_epoch: int, used_minibatch: int) -> float:
         config = self.config
         if not self.per_minibatch:
-            return config.learning_rate_for_epoch(used_epoch)
+            return config.learning_rate_for_epoch(used_epoch, self.epoch_count)
         per_epoch = self.minibatches_per_epoch
         total = (config.epoch_count if self.epoch_count is None else self.epoch_count) * per_epoch
         warmup = min(round(config.warmup_epochs * per_epoch), total)

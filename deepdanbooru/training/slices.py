@@ -36,7 +36,9 @@ class SliceRunner:
         self.step.bind(source.dataset.element_spec)
         steps = 0
         for batch in source.dataset:
-            if self.rates.per_minibatch:
+            # The steps schedule's rate is set per slice too: a "fit" plan made before the last checkpoint moves
+            # its used_fraction drops from here on, as it does in a run resumed from that checkpoint.
+            if self.rates.per_minibatch or not steps:
                 self.optimizer.learning_rate = self.rates.rate(c.used_epoch, c.used_minibatch)
             self.step(batch)
             steps += 1

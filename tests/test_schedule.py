@@ -1,10 +1,13 @@
 """The run's schedule: slice bounds, when validation and exports fall, when a run is trained out."""
 
+import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
 
-from deepdanbooru.training.schedule import Schedule, epoch_order
+from deepdanbooru.project.config import load_config
+from deepdanbooru.training.schedule import LearningRateSchedule, Schedule, epoch_order
 
 
 def schedule(records=10, every=2, export_every=1, epochs=2) -> Schedule:
@@ -43,3 +46,21 @@ def test_epoch_order_is_a_seeded_permutation():
     assert sorted(order.tolist()) == list(range(10))
     np.testing.assert_array_equal(order, epoch_order(10, 7, 3))
     assert not np.array_equal(order, epoch_order(10, 7, 4))
+
+
+def test_the_step_drops_given_as_shares_are_placed_over_the_schedule_s_epoch_count(tmp_path):
+    drops = [{"used_epoch": 0, "learning_rate": 0.5}, {"used_fraction": 0.5, "learning_rate": 0.1},
+             {"used_fraction": 0.8, "learning_rate": 0.01}]
+    (tmp_path / "project.json").write_text(json.dumps({"epoch_count": "fit", "learning_rates": drops}))
+    config = load_config(tmp_path)
+
+    def rates(epoch_count, epochs):
+        schedule = LearningRateSchedule(config, 24, epoch_count=epoch_count)
+        return [schedule.rate(epoch, 6 * epoch) for epoch in range(epochs)]
+
+    # Planned 10: from epoch 5 and 8; planned 3: from ceil(1.5) = 2 and ceil(2.4) = 3 (past the last epoch).
+    assert rates(10, 10) == [0.5] * 5 + [0.1] * 3 + [0.01] * 2
+    assert rates(3, 3) == [0.5, 0.5, 0.1]
+    assert rates(math.inf, 4) == [0.5] * 4  # before a fresh run has planned: only the fixed entry
+    (tmp_path / "project.json").write_text(json.dumps({"epoch_count": 10, "learning_rates": drops}))
+    assert LearningRateSchedule(load_config(tmp_path), 24).rate(8, 0) == 0.01  # a number: project.json's

@@ -219,3 +219,68 @@ def test_a_run_switched_to_fit_goes_on_with_its_number_until_it_plans(tmp_path, 
     assert [rates[u] for u in (3, 4)] == pytest.approx([three.rate(0, 2), three.rate(0, 3)])
     assert three.rate(0, 3) < 0.01
     assert [rates[u] for u in (5, 6)] == pytest.approx([one.rate(0, 4), one.rate(0, 5)])
+
+
+# The steps schedule with drops at shares of the run: from epoch ceil(0.3 x N) and ceil(0.5 x N) of the plan N.
+FIT_DROPS = dict(epoch_count="fit", learning_rate=0.01, learning_rates=[
+    {"used_fraction": 0.3, "learning_rate": 0.005}, {"used_fraction": 0.5, "learning_rate": 0.001}])
+
+
+def record_optimizer_rates(monkeypatch) -> dict:
+    """The rate the optimizer holds after each slice, by used_minibatch: what the slice's steps trained with."""
+    import numpy as np
+
+    from deepdanbooru.training.slices import SliceRunner
+
+    seen, train = {}, SliceRunner.train
+
+    def recording(self, order, start, stop):
+        train(self, order, start, stop)
+        seen[int(self.counters.used_minibatch)] = float(np.asarray(self.optimizer.learning_rate))
+
+    monkeypatch.setattr(SliceRunner, "train", recording)
+    return seen
+
+
+@pytest.mark.slow
+def test_a_fit_run_places_its_used_fraction_drops_over_the_planned_epochs(tmp_path, sample_dataset, monkeypatch):
+    from deepdanbooru.training.train import train_project
+
+    time_left_for(monkeypatch, 2.5)  # planned 2 after the first slice (1/3 + 2.5), 3 after the second (2/3 + 2.5)
+    optimizer_rates = record_optimizer_rates(monkeypatch)
+    project = make_project(tmp_path / "p", *sample_dataset, **FIT_DROPS)
+    lines = []
+    counters = train_project(project, echo=lines.append, time_limit=3600.0)
+    planned = [line for line in lines if " epochs planned in " in line]
+    assert [line.split(" epochs")[0] for line in planned] == ["epoch_count fit: 2", "epoch_count fit: 3"]
+    assert (counters.used_epoch, counters.used_minibatch) == (3, 18)
+    # Over the 3 planned epochs the drops fall at epochs 1 (0.9 -> 1) and 2 (1.5 -> 2); over the first plan's
+    # 2 both would have fallen at epoch 1.
+    expected = LearningRateSchedule(load_config(project), 24, epoch_count=3)
+    assert [expected.rate(epoch, 0) for epoch in range(3)] == [0.01, 0.005, 0.001]
+    assert train_rates(project) == {u: pytest.approx(expected.rate((u - 1) // 6, u - 1)) for u in range(1, 19)}
+    assert optimizer_rates == {u: pytest.approx(expected.rate((u - 1) // 6, u - 1)) for u in range(2, 19, 2)}
+
+
+@pytest.mark.slow
+def test_a_plan_that_moves_a_drop_onto_the_epoch_in_progress_applies_from_the_next_slice(
+        tmp_path, sample_dataset, monkeypatch):
+    from deepdanbooru.training import fit_monitor
+    from deepdanbooru.training.train import train_project
+
+    monkeypatch.setattr(fit_monitor, "plan_epochs", lambda done, seconds_left, epoch_seconds: 2)
+    drops = dict(FIT_DROPS, learning_rates=[{"used_fraction": 0.5, "learning_rate": 0.001}])
+    reference = make_project(tmp_path / "reference", *sample_dataset, **drops)
+    train_project(reference, echo=lambda *_: None, time_limit=3600.0)
+    # Killed after the 4th checkpoint (epoch 1, record 8) of a 2-epoch plan, whose drop is at epoch 1; the
+    # resumed run plans 3 before its first checkpoint, which moves the drop to epoch 2.
+    killed = killed_copy(reference, tmp_path / "killed", "ckpt-4", ["model-resnet_small.keras"])
+    monkeypatch.setattr(fit_monitor, "plan_epochs", lambda done, seconds_left, epoch_seconds: 3)
+    optimizer_rates = record_optimizer_rates(monkeypatch)
+    counters = train_project(killed, echo=lambda *_: None, time_limit=3600.0)
+    assert (counters.used_epoch, counters.used_minibatch) == (3, 18)
+    # The first slice (records 8-16 of epoch 1, minibatches 9-10) trains on the checkpoint's plan, the next ones
+    # on the new one: the rest of epoch 1 is back before the drop.
+    assert optimizer_rates == pytest.approx({10: 0.001, 12: 0.01, 14: 0.001, 16: 0.001, 18: 0.001})
+    rates = train_rates(killed)
+    assert [rates[u] for u in range(9, 19)] == pytest.approx([0.001] * 2 + [0.01] * 2 + [0.001] * 6)

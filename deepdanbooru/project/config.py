@@ -330,7 +330,8 @@ KEYS: tuple[Key, ...] = (
     Key("learning_rates", None, _schedule,
         "at the start of epoch e the rate is that of the last entry, in list order, whose used_epoch <= e; "
         "none matching: learning_rate. An entry with used_fraction f instead applies from epoch "
-        f'ceil(f x epoch_count) (the planned count with "{FIT}", which takes only used_fraction drops)',
+        f'ceil(f x epoch_count) (with "{FIT}": the planned count, placed again at each plan; a used_epoch other '
+        "than 0 is refused there)",
         "list or absent",
         "entries {used_epoch: int >= 0 or used_fraction: 0 < float < 1, learning_rate: float > 0}"),
     Key("rotation_range", (0.0, 360.0), _range(), "rotation in degrees; null or [] disables", "[lo, hi] or null", "lo <= hi"),

@@ -15,6 +15,8 @@ RECIPES: dict[str, dict] = {
     # the trunk here, with sample-project's step schedule over 40 epochs (it beat warmup_cosine); ASL is
     # the part that moved macro-F1. EMA, mixup, flips, random crops and log-frequency tag weights
     # measured no gain (mixup a loss) and are left out: docs/quality.md has their numbers.
+    # The drops are fixed epochs of these 40; with epoch_count "fit" give them as used_fraction 0.675 and 0.925
+    # (27/40 and 37/40), which the refusal of used_epoch under "fit" computes from the entries themselves.
     "modern": {
         "model": "resnet_small",
         "optimizer": "adamw",

@@ -280,12 +280,17 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
               help="The project the dataset is for: the closing advice gives database_path relative to it.")
 @click.option("--caption-extension", default=".txt", show_default=True,
               help="The caption files' extension (IMAGE.caption with .caption).")
-def import_images(src, dataset, link, extensions, group_duplicates, project_path, caption_extension):
+@click.option("--caption-separator", default=",", show_default=True,
+              help="The string between tags in the caption files (the spaces around it do not matter: ' | ' "
+                   "reads as '|'; whitespace alone: ' ' or a tab between tags, a line break for one tag a line).")
+def import_images(src, dataset, link, extensions, group_duplicates, project_path, caption_extension,
+                  caption_separator):
     """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
 
     A caption file IMAGE.txt (or IMAGE.ext.txt) holds comma-separated tags
     (then line breaks also separate), one tag a line, or space-separated tags
-    (a lone 'white background,' is one tag). Prompt weights such as
+    (a lone 'white background,' is one tag); --caption-separator '|' reads
+    '|' where the comma stands. Prompt weights such as
     (masterpiece:1.2) are stripped, tags lower-cased, inner spaces become
     underscores and backslash escapes (\\( \\) \\,) are undone; evaluate
     --save-txt writes the same grammar. Writes DATASET/dataset.sqlite (new
@@ -298,7 +303,8 @@ def import_images(src, dataset, link, extensions, group_duplicates, project_path
     from deepdanbooru.dataset.import_images import import_images as run_import
 
     run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
-               warn=lambda line: click.echo(line, err=True), project=project_path, caption_ext=caption_extension)
+               warn=lambda line: click.echo(line, err=True), project=project_path, caption_ext=caption_extension,
+               separator=caption_separator)
 
 
 @main.command("make-tags")
@@ -427,6 +433,9 @@ def _exit_if_skipped(summary):
                                                "read back by import-images as the same tags); "
                                                "an existing caption file needs --overwrite or --append.")
 @click.option("--caption-extension", default=".txt", show_default=True, help="With --save-txt: the caption files' extension.")
+@click.option("--caption-separator", default=", ", show_default=True,
+              help="With --save-txt: the string between tags, as in kohya's tagger (a space: tags keep their "
+                   "underscores; a line break: one tag a line).")
 @click.option("--overwrite", is_flag=True, help="With --save-txt: replace caption files already there.")
 @click.option("--append", is_flag=True, help="With --save-txt: add the tags a caption file does not hold yet to it "
                                              "(written back as 'tag1, tag2').")
@@ -439,12 +448,15 @@ def _exit_if_skipped(summary):
 @click.option("--alpha", type=click.Choice(["white", "drop"]), default="white", show_default=True,
               help="Transparent PNG / WebP pictures: composited onto white, as the WD tagger tools do, or drop "
                    "the alpha channel (the colours stored under it; before this option, always).")
+@click.option("--padding", type=click.Choice(["border", "white"]),
+              help="Around a picture not of the model's proportions: its edge pixels repeated (border) or white, "
+                   "as the WD tagger tools pad  [default: the project's padding key; border without a project].")
 @_FORMAT
 @_BATCH_SIZE
 def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds_csv, allow_folder,
              folder_filters, general_threshold, character_threshold, undesired_tags, order_by_score, save_txt,
-             caption_extension, overwrite, append, remove_underscore, allow_gpu, compile_model, verbose, alpha,
-             output_format, batch_size):
+             caption_extension, caption_separator, overwrite, append, remove_underscore, allow_gpu, compile_model,
+             verbose, alpha, padding, output_format, batch_size):
     """Tag the images TARGETS (files, or folders with --allow-folder).
 
     Images that cannot be read are named on stderr and skipped; the exit code
@@ -454,13 +466,13 @@ def evaluate(targets, project_path, model_path, tags_path, threshold, thresholds
     from deepdanbooru.inference.evaluate import TaggingOptions, evaluate as run_evaluate
 
     caption = CaptionOptions(extension=caption_extension, overwrite=overwrite, append=append,
-                             remove_underscore=remove_underscore)
+                             remove_underscore=remove_underscore, separator=caption_separator)
     options = TaggingOptions(threshold=threshold, thresholds_csv=thresholds_csv, allow_folder=allow_folder,
                              folder_filters=folder_filters, save_txt=save_txt, caption=caption,
                              general_threshold=general_threshold, character_threshold=character_threshold,
                              undesired_tags=undesired_tags, order_by_score=order_by_score, output_format=output_format,
                              batch_size=batch_size, allow_gpu=allow_gpu, compile_model=compile_model, verbose=verbose,
-                             alpha=alpha)
+                             alpha=alpha, padding=padding)
     summary = run_evaluate(targets, options, project_path=project_path, model_path=model_path, tags_path=tags_path,
                            echo=click.echo)
     _exit_if_skipped(summary)

@@ -46,6 +46,7 @@ VOCABULARY: tuple[Term, ...] = (
          ("--json",)),
     Term("--save-txt", "write each image's tags beside it as <image name>.txt", deepdanbooru=True),
     Term("--caption-extension", "the extension of the caption files beside the images (.txt, .caption)"),
+    Term("--caption-separator", "the string between tags in caption files (kohya's option)"),
     Term("--append", "add to the files that already exist, keeping what they hold"),
     Term("--remove-underscore", "write tags with spaces (long hair), as captions for image generators spell them"),
     Term("--vacuum", "run VACUUM on the database written", deepdanbooru=True),
@@ -62,6 +63,8 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--use-deleted", "also use posts marked deleted", deepdanbooru=True),
     Term("--split", "which records to measure: the validation split or all"),
     Term("--alpha", "what becomes of a picture's transparency: composited onto white, or dropped"),
+    Term("--padding", "what surrounds a picture not of the model's proportions: its edge pixels, or white "
+                      "(project.json's padding)"),
     Term("--minimum-post-count", "least posts a tag must occur in", ("--min-count",), deepdanbooru=True),
     Term("--limit", "most tags", deepdanbooru=True),
     Term("--system-tags", "keep the rating:* system tags (--no-system-tags drops them)"),

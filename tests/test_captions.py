@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from deepdanbooru.captions import (CaptionError, append_caption, caption_extension, format_caption, parse_caption,
-                                   read_caption, strip_weight, tag_key, write_tag)
+from deepdanbooru.captions import (CaptionError, append_caption, caption_extension, caption_separator, format_caption,
+                                   parse_caption, read_caption, strip_weight, tag_key, write_tag)
 from deepdanbooru.inference.caption_files import CaptionOptions, caption_text, existing_captions
 
 
@@ -79,36 +79,47 @@ def random_tag(rng):
     return "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 5)))
 
 
-def random_caption(rng):
-    """Text such as people and tools write: tags or fragments between any separators."""
+def random_caption(rng, separator=", "):
+    """Text such as people and tools write: tags or fragments between any separators (often `separator`)."""
     parts = [rng.choice([random_tag(rng), rng.choice(TRICKY).replace(" ", "_")]) for _ in range(rng.randint(0, 5))]
     text = ""
     for part in parts:
-        text += part + rng.choice(SEPARATORS)
+        text += part + (separator if rng.random() < 0.5 else rng.choice(SEPARATORS))
     return text if rng.random() < 0.5 else text.rstrip()
 
 
-def test_what_is_written_reads_back_as_the_same_tags():
+# The default (3000 draws), then separators of other tools and ones that clash with the grammar: whitespace
+# alone (tags then hold no space), line breaks (one tag a line), characters of tags (`:`, `-`), several
+# characters (`||`), an escapable comma inside the mark (`|,`), a bracket (`(`, which prompt weights use).
+OTHER_SEPARATORS = [",", " ", "  ", "\t", "|", " | ", "||", "|,", ";", ":", "-", "(", "\n", "\r\n", ",\n", "、 "]
+RUNS = [(", ", 3000)] + [(separator, 300) for separator in OTHER_SEPARATORS]
+
+
+@pytest.mark.parametrize("separator,draws", RUNS)
+def test_what_is_written_reads_back_as_the_same_tags(separator, draws):
     rng = random.Random(20240607)
-    for _ in range(3000):
+    for _ in range(draws):
         tags = [random_tag(rng) for _ in range(rng.randint(0, 6))]
         remove_underscore = rng.random() < 0.5
-        text = format_caption(tags, remove_underscore)
-        assert parse_caption(text) == expected(tags), (tags, remove_underscore, text)
+        text = format_caption(tags, remove_underscore, separator)
+        assert parse_caption(text, separator) == expected(tags), (tags, remove_underscore, text)
         for tag in tags:  # one tag alone, the caption most likely to be misread
-            assert parse_caption(format_caption([tag], remove_underscore)) == expected([tag]), (tag, remove_underscore)
+            alone = format_caption([tag], remove_underscore, separator)
+            assert parse_caption(alone, separator) == expected([tag]), (tag, remove_underscore, alone)
 
 
-def test_appending_reads_back_as_the_caption_s_tags_then_the_new_ones():
+@pytest.mark.parametrize("separator,draws", RUNS)
+def test_appending_reads_back_as_the_caption_s_tags_then_the_new_ones(separator, draws):
     rng = random.Random(7)
-    for _ in range(3000):
-        existing = random_caption(rng)
+    for _ in range(draws):
+        existing = random_caption(rng, separator)
         tags = [random_tag(rng) for _ in range(rng.randint(0, 4))]
         remove_underscore = rng.random() < 0.5
-        text = append_caption(existing, tags, remove_underscore)
-        assert parse_caption(text) == list(dict.fromkeys(parse_caption(existing) + expected(tags))), (
+        text = append_caption(existing, tags, remove_underscore, separator)
+        held = parse_caption(existing, separator)
+        assert parse_caption(text, separator) == list(dict.fromkeys(held + expected(tags))), (
             existing, tags, remove_underscore, text)
-        if set(expected(tags)) <= set(parse_caption(existing)):
+        if set(expected(tags)) <= set(held):
             assert text == existing
 
 
@@ -137,3 +148,31 @@ def test_commas_brackets_and_backslashes_are_escaped_where_reading_would_change_
         "long hair", "^_^", "a__b", "_abc", "x_ y"]
     with pytest.raises(CaptionError, match="holds a line break"):
         write_tag("a\nb")
+
+
+def test_other_separators_are_written_and_read_as_kohya_s_tools_use_them():
+    tags = ["long_hair", "a|b", "rating:general", "white_background"]
+    assert format_caption(tags, True, " | ") == "long hair | a\\|b | rating:general | white background"
+    assert format_caption(tags, True, " ") == "long_hair a|b rating:general white_background"
+    assert format_caption(tags, True, "\n") == "long hair\na|b\nrating:general\nwhite background"
+    assert format_caption(["white_background"], True, "|") == "white background|"
+    # Reading looks for the separator without its surrounding spaces: ', ' and ',' read alike.
+    assert parse_caption("1girl,long hair , smile", ", ") == parse_caption("1girl,long hair , smile", ",") == [
+        "1girl", "long_hair", "smile"]
+    assert parse_caption("a, b|c d", "|") == ["a,_b", "c_d"] and parse_caption("a, b|c d") == ["a", "b|c_d"]
+    assert parse_caption("long hair\tsmile\n1girl", "\t") == ["long", "hair", "smile", "1girl"]
+    assert parse_caption("long hair", "\n") == ["long_hair"] and parse_caption("long hair") == ["long", "hair"]
+    # A caption without the mark falls back as the default grammar does: one tag a line, then whitespace.
+    assert parse_caption("long hair\nsmile", "|") == ["long_hair", "smile"]
+    assert append_caption("1girl solo", ["long hair"], True, " | ") == "1girl | solo | long hair"
+
+
+@pytest.mark.parametrize("separator,reason", [
+    ("", "is empty"), ("\\", "holds a backslash"), (" \\| ", "holds a backslash"), ("| |", "holds whitespace"),
+    (",\n,", "holds whitespace"), (" and ", "holds letters, digits or underscores"), ("_", "holds letters")])
+def test_separators_reading_could_not_find_again_are_refused(separator, reason):
+    assert caption_separator(", ") == ", " and caption_separator("\n") == "\n"
+    with pytest.raises(CaptionError, match=f"^--caption-separator: .* {reason}"):
+        caption_separator(separator)
+    with pytest.raises(CaptionError, match="--caption-separator"):
+        format_caption(["a"], separator=separator)

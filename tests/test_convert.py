@@ -112,6 +112,49 @@ def test_project_export_is_converted_and_compared_on_real_images(sample_project,
     assert output.stat().st_size > 100_000
 
 
+def test_sample_images_are_what_evaluate_feeds_the_model(tmp_path, keras_model, monkeypatch):
+    """A --sample-image reaches the comparison exactly as evaluate gives it to the model: the project's
+    padding (white here) and transparency on white, not the built-in border."""
+    import json
+    from pathlib import Path
+
+    from PIL import Image
+
+    from deepdanbooru.inference import convert
+    from deepdanbooru.inference.evaluate import evaluate
+    from deepdanbooru.inference.predict import Tagger
+    from deepdanbooru.pipeline import preprocess_for_inference
+
+    path, _ = keras_model
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project.json").write_text(json.dumps({"image_width": 32, "image_height": 32, "model": "resnet_small",
+                                                      "padding": "white"}))
+    (project / "tags.txt").write_text("a\nb\nc\n")
+    (project / "model-resnet_small.keras").write_bytes(path.read_bytes())
+    pixels = np.zeros((12, 30, 4), np.uint8)
+    pixels[:, :15] = (200, 10, 10, 255)  # the right half transparent, black stored under it
+    picture = tmp_path / "wide.png"
+    Image.fromarray(pixels, "RGBA").save(picture)
+
+    compared, fed = [], []
+
+    def compare(model, save_path, output_format, optimize_default, optimize_sparsity, tolerance, images):
+        compared.append(images)
+        return convert.ConversionReport(Path(save_path), output_format, 0, 0.0, 1e-4, len(images))
+
+    monkeypatch.setattr(convert, "convert_model", compare)
+    monkeypatch.setattr(Tagger, "scores", lambda self, images: fed.append(np.asarray(images)) or np.zeros((1, 3)))
+    convert.conv2tflite(project_path=project, save_path=tmp_path / "m.tflite", sample_images=[str(picture)],
+                        echo=lambda line: None)
+    evaluate([picture], project_path=project, echo=lambda line: None, echo_err=lambda line: None)
+    assert compared[0].shape == (convert.SAMPLE_COUNT + 1, 32, 32, 3) and len(fed) == 1
+    np.testing.assert_array_equal(compared[0][-1:], fed[0])
+    assert fed[0][0, 0, 0].tolist() == [1.0, 1.0, 1.0]  # white padding above the wide picture
+    before = preprocess_for_inference(picture.read_bytes(), height=32, width=32, max_image_pixels=10**8).numpy()
+    assert not np.array_equal(before, fed[0][0])  # the built-in border and dropped alpha of the old preparation
+
+
 def test_bad_arguments(tmp_path, keras_model):
     path, _ = keras_model
     missing = run_cli("conv2tflite", "--model-path", tmp_path / "nope.keras", "--save-path", tmp_path / "x.tflite")

@@ -317,6 +317,30 @@ def test_captions_written_by_save_txt_are_what_import_images_reads(project, imag
     assert posts == [("white_background",), ("1girl long_hair green white_background",)]
 
 
+def test_caption_separator_is_written_and_read_back_by_import_images_with_it(project, images, tmp_path):
+    import sqlite3
+
+    (project / "tags.txt").write_text("white_background\ngreen\nblue\n")  # red scores white_background
+    piped = images["yellow"].with_suffix(".txt")
+    piped.write_text("long hair|a, b\n")
+    for refused, message in ((("--caption-separator", "x"), "--caption-separator: only used with --save-txt"),
+                             (("--save-txt", "--caption-separator", ""), "--caption-separator: '' is empty")):
+        result = run_cli("evaluate", images["red"], "--project-path", project, *refused)
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: {message}"), result.output
+        assert len(result.stderr.splitlines()) == 1 and not images["red"].with_suffix(".txt").exists()
+    result = run_cli("evaluate", images["red"], images["yellow"], "--project-path", project, "--save-txt",
+                     "--append", "--remove-underscore", "--caption-separator", " | ")
+    assert result.exit_code == 0, result.output
+    assert piped.read_text() == "long hair | a, b | white background | green\n"
+    assert images["red"].with_suffix(".txt").read_text() == "white background|"
+    dataset = tmp_path / "dataset"
+    result = run_cli("import-images", images["red"].parent, dataset, "--caption-separator", "|")
+    assert result.exit_code == 0, result.output
+    with sqlite3.connect(dataset / "dataset.sqlite") as connection:
+        posts = connection.execute("SELECT tag_string FROM posts ORDER BY id").fetchall()
+    assert posts == [("white_background",), ("long_hair a,_b white_background green",)]
+
+
 def test_category_thresholds_undesired_tags_order_and_underscores(project, tmp_path):
     teal = solid(tmp_path / "teal.png", (0, 153, 255))  # green 0.881, blue 0.99995
     (project / "tags.txt").write_text("red\nlong_hair\nblue_eyes\n")

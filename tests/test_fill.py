@@ -142,3 +142,49 @@ def test_evaluate_composites_alpha_onto_white_unless_told_to_drop_it(tmp_path):
     assert white == opaque_white and white != opaque_black
     dropped, _, _ = scores("--alpha", "drop")
     assert dropped == opaque_black
+
+
+def test_evaluate_padding_defaults_to_the_project_s_and_can_be_chosen(tmp_path):
+    import keras
+    from PIL import Image
+
+    from deepdanbooru.cli import main
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    outputs = keras.layers.Dense(2, activation="sigmoid")(keras.layers.GlobalAveragePooling2D()(inputs))
+    model = tmp_path / "m.keras"
+    keras.Model(inputs, outputs).save(model)
+    (tmp_path / "tags.txt").write_text("a\nb\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "project.json").write_text(json.dumps({"image_width": 16, "image_height": 16, "model": "resnet_small",
+                                                      "padding": "white"}))
+    (project / "tags.txt").write_text("a\nb\n")
+    (project / "model-resnet_small.keras").write_bytes(model.read_bytes())
+    wide = tmp_path / "wide.png"
+    Image.new("RGB", (16, 8), (0, 0, 0)).save(wide)  # black: padding with its border stays black
+
+    def scores(*options):
+        result = CliRunner().invoke(main, ["evaluate", str(wide), "--threshold", "0", "--format", "json",
+                                           *map(str, options)])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["tags"]
+
+    alone = ("--model-path", model, "--tags-path", tmp_path / "tags.txt")
+    border = scores(*alone)
+    white = scores("--project-path", project)
+    assert border != white
+    assert scores(*alone, "--padding", "white") == white
+    assert scores("--project-path", project, "--padding", "border") == border
+    refused = CliRunner().invoke(main, ["evaluate", str(wide), *map(str, alone), "--padding", "grey"])
+    assert refused.exit_code == 2 and "Invalid value for '--padding'" in refused.output
+
+
+def test_fill_from_config_without_a_project_and_with_overrides(tmp_path):
+    from deepdanbooru.project.config import load_config
+
+    assert Fill.from_config(None) == Fill() and Fill.from_config(None, "white") == Fill("border", "white")
+    assert Fill.from_config(None, padding="white") == Fill("white", "drop")
+    (tmp_path / "project.json").write_text(json.dumps({"padding": "white"}))
+    assert Fill.from_config(load_config(tmp_path), "white", "border") == Fill("border", "white")

@@ -81,6 +81,21 @@ def test_caption_extension_and_a_caption_that_is_not_utf8(tmp_path):
     assert not fresh.exists()
 
 
+def test_caption_separator(tmp_path):
+    """Captions with another separator (kohya's --caption_separator): '|' is read where the comma stands."""
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "long hair | a, b|saber \\(fate\\)\n")
+    put(src, "b.png", image_bytes("PNG", color=(5, 5, 5)), "white background|")
+    refused = invoke(src, dataset, "--caption-separator", "\\")
+    assert refused.exit_code == 2 and not dataset.exists()
+    assert refused.stderr == ("error: --caption-separator: '\\\\' holds a backslash, which starts an escape in "
+                              "captions\n")
+    result = invoke(src, dataset, "--caption-separator", " | ")
+    assert result.exit_code == 0, result.output
+    assert [post[3] for post in read_posts(dataset / "dataset.sqlite")] == ["long_hair a,_b saber_(fate)",
+                                                                            "white_background"]
+
+
 def test_reimporting_an_edited_caption_updates_the_post(tmp_path):
     src, dataset = tmp_path / "src", tmp_path / "dataset"
     put(src, "a.png", image_bytes("PNG"), "cat, rating:explicit")

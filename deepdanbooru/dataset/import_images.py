@@ -18,7 +18,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from deepdanbooru.captions import DEFAULT_EXTENSION, caption_extension, parse_caption, read_caption
+from deepdanbooru.captions import DEFAULT_EXTENSION, caption_extension, caption_separator, parse_caption, read_caption
 from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
@@ -32,6 +32,9 @@ DATABASE_NAME = "dataset.sqlite"
 DEFAULT_EXTENSIONS = IMAGE_EXTENSIONS
 RATING_LETTERS = {tag: letter for letter, tag in RATING_TAGS.items()}
 LISTED = 20  # skipped files named one by one before the rest are only counted
+# kohya's training scripts read captions with "," by default; reading ignores the spaces around a separator, so
+# it reads exactly as the ", " evaluate --save-txt writes.
+READ_SEPARATOR = ","
 
 
 class _Unreadable(Exception):
@@ -186,7 +189,7 @@ def _open_existing(database: Path):
 
 def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSIONS, echo=print,
                   warn=print, group_duplicates: bool = False, project=None,
-                  caption_ext: str = DEFAULT_EXTENSION) -> ImportSummary:
+                  caption_ext: str = DEFAULT_EXTENSION, separator: str = READ_SEPARATOR) -> ImportSummary:
     """Import every image under SRC that has tags into DATASET; returns what was done and skipped.
 
     An image already in DATASET whose caption now holds other tags gets them (its post is updated).
@@ -196,10 +199,12 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     split_id, so they land on one side of the validation split.
     project: the project the dataset is for, so the closing advice gives database_path as project.json
     resolves it (relative to the project folder).
+    separator: the string between tags in the caption files (deepdanbooru.captions' grammar).
     """
     src, dataset = Path(src), Path(dataset)
     extensions = parse_extensions(extensions)
     caption_ext = caption_extension(caption_ext)
+    separator = caption_separator(separator)
     if not src.is_dir():
         raise DatasetError(file_field(src, None, "source folder not found"))
     if dataset.exists() and not dataset.is_dir():
@@ -226,7 +231,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     temporary = None
     try:
         rows, updates = _collect(images, src, known, max_id, placer, summary, caption_ext,
-                                 connection.execute if connection is not None else None)
+                                 connection.execute if connection is not None else None, separator)
         if not rows and not existing:
             raise DatasetError(file_field(src, None, "no image could be imported "
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
@@ -284,7 +289,8 @@ def _update_posts(connection, columns, updates: list[tuple[int, dict]]) -> None:
 
 
 def _collect(images, src, known: dict, max_id: int, placer: _Placer, summary: ImportSummary,
-             caption_ext: str = DEFAULT_EXTENSION, query=None) -> tuple[list[dict], list[tuple[int, dict]]]:
+             caption_ext: str = DEFAULT_EXTENSION, query=None,
+             separator: str = READ_SEPARATOR) -> tuple[list[dict], list[tuple[int, dict]]]:
     """(rows to insert, (post id, new values) for known images whose caption changed)."""
     rows = []
     updates: list[tuple[int, dict]] = []
@@ -295,7 +301,7 @@ def _collect(images, src, known: dict, max_id: int, placer: _Placer, summary: Im
         if sidecar is None:
             summary.untagged.append((path, f"no {caption_ext} sidecar"))
             continue
-        tags = parse_caption(read_caption(sidecar))
+        tags = parse_caption(read_caption(sidecar), separator)
         if not tags:
             summary.untagged.append((path, f"{sidecar.name} holds no tags"))
             continue

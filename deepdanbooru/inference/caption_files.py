@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepdanbooru.captions import (DEFAULT_EXTENSION, CaptionError, append_caption, caption_extension, format_caption,
-                                   read_caption)
+from deepdanbooru.captions import (DEFAULT_EXTENSION, DEFAULT_SEPARATOR, CaptionError, append_caption,
+                                   caption_extension, caption_separator, format_caption, read_caption)
 from deepdanbooru.errors import file_field
 from deepdanbooru.inference.targets import sidecar_path
 from deepdanbooru.wording import plural
@@ -21,17 +21,20 @@ class CaptionOptions:
     overwrite: bool = False  # replace caption files already there
     append: bool = False  # add the new tags to caption files already there
     remove_underscore: bool = False  # write 'long hair' for long_hair
+    separator: str = DEFAULT_SEPARATOR  # the string between tags
 
     def check(self, save_txt: bool) -> "CaptionOptions":
         """The options with the extension normalised; refuses those that mean nothing here."""
         given = [name for name, on in (("--overwrite", self.overwrite), ("--append", self.append),
                                        ("--remove-underscore", self.remove_underscore),
-                                       ("--caption-extension", self.extension != DEFAULT_EXTENSION)) if on]
+                                       ("--caption-extension", self.extension != DEFAULT_EXTENSION),
+                                       ("--caption-separator", self.separator != DEFAULT_SEPARATOR)) if on]
         if given and not save_txt:
             raise CaptionError(f"{', '.join(given)}: only used with --save-txt")
         if self.overwrite and self.append:
             raise CaptionError("--overwrite and --append: give one (replace the caption files, or add to them)")
-        return CaptionOptions(caption_extension(self.extension), self.overwrite, self.append, self.remove_underscore)
+        return CaptionOptions(caption_extension(self.extension), self.overwrite, self.append, self.remove_underscore,
+                              caption_separator(self.separator))
 
 
 def existing_captions(images, options: CaptionOptions) -> dict[Path, str]:
@@ -61,11 +64,12 @@ def existing_captions(images, options: CaptionOptions) -> dict[Path, str]:
     return existing
 
 
-def caption_text(tags, existing: str | None = None, remove_underscore: bool = False) -> str:
+def caption_text(tags, existing: str | None = None, remove_underscore: bool = False,
+                 separator: str = DEFAULT_SEPARATOR) -> str:
     """'tag1, tag2'; appended to `existing` without the tags it already holds (in any spelling).
 
     Written and read with the one caption grammar of deepdanbooru.captions, which import-images reads with.
     """
     if existing is None:
-        return format_caption(tags, remove_underscore)
-    return append_caption(existing, tags, remove_underscore)
+        return format_caption(tags, remove_underscore, separator)
+    return append_caption(existing, tags, remove_underscore, separator)

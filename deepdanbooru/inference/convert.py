@@ -84,26 +84,17 @@ def sample_inputs(height: int, width: int, count: int = SAMPLE_COUNT, seed: int 
     return images
 
 
-def load_sample_images(paths, height: int, width: int, max_image_pixels: int) -> np.ndarray:
-    """Real images through the inference preprocessing, to compare on what the model will see."""
-    import tensorflow as tf
+def load_sample_images(paths, height: int, width: int, max_image_pixels: int, fill) -> np.ndarray:
+    """Real images prepared exactly as evaluate gives them to the model (predict.prepared_batches)."""
+    from deepdanbooru.inference.predict import prepared_batches
 
-    from deepdanbooru.pipeline import diagnose_bytes, preprocess_for_inference
+    def refuse(index, reason):
+        raise ModelError(file_field(paths[index], None, f"unusable sample image: {reason}"))
 
-    images = []
-    for path in paths:
-        try:
-            data = Path(path).read_bytes()
-        except OSError as error:
-            raise ModelError(file_field(path, None, f"cannot read sample image: {error.strerror or error}")) from None
-        try:
-            image = preprocess_for_inference(tf.constant(data), height=height, width=width,
-                                             max_image_pixels=max_image_pixels)
-        except tf.errors.OpError:
-            reason = diagnose_bytes(data, max_image_pixels) or "cannot be decoded"
-            raise ModelError(file_field(path, None, f"unusable sample image: {reason}")) from None
-        images.append(np.asarray(image, dtype=np.float32))
-    return np.stack(images) if images else np.zeros((0, height, width, 3), np.float32)
+    batches = [images.numpy() for _, images in prepared_batches(
+        list(paths), height=height, width=width, batch_size=max(len(paths), 1), max_image_pixels=max_image_pixels,
+        fill=fill, on_skip=refuse)]
+    return np.concatenate(batches).astype(np.float32) if batches else np.zeros((0, height, width, 3), np.float32)
 
 
 @contextlib.contextmanager
@@ -284,12 +275,21 @@ def compare_outputs(expected: np.ndarray, actual: np.ndarray, tolerance: float, 
     return difference
 
 
+def evaluate_fill(config):
+    """What surrounds and lies under a sample picture: as evaluate does by default (the project's padding key,
+    border without a project; transparency composited onto white)."""
+    from deepdanbooru.inference.evaluate import TaggingOptions
+    from deepdanbooru.pipeline import Fill
+
+    return Fill.from_config(config, TaggingOptions.alpha, TaggingOptions.padding)
+
+
 def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_default=False,
                 optimize_sparsity=False, output_format=None, tolerance=None, sample_images=(),
                 echo=print) -> ConversionReport:
     """The conv2tflite command: resolve the model, convert, verify, write, report.
 
-    `sample_images` (files) are compared too, after the generated inputs.
+    `sample_images` (files) are compared too, after the generated inputs, prepared as evaluate prepares them.
     """
     from deepdanbooru.inference.model_files import MODEL_KEYS, resolve_model_source
     from deepdanbooru.models.files import load_model_file
@@ -303,10 +303,10 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
         shape = model.input_shape
         if len(shape) != 4 or None in shape[1:3]:
             raise ModelError(f"{model_file}: input shape {shape} has no fixed image size")
-        limit = (load_config(project_path, uses=MODEL_KEYS).max_image_pixels if project_path
-                 else DEFAULT_MAX_IMAGE_PIXELS)
+        config = load_config(project_path, uses=MODEL_KEYS) if project_path else None
+        limit = config.max_image_pixels if config else DEFAULT_MAX_IMAGE_PIXELS
         images = np.concatenate([sample_inputs(shape[1], shape[2]),
-                                 load_sample_images(sample_images, shape[1], shape[2], limit)])
+                                 load_sample_images(sample_images, shape[1], shape[2], limit, evaluate_fill(config))])
     report = convert_model(model, save_path, output_format, optimize_default, optimize_sparsity, tolerance,
                            images)
     echo(f"Converted {model_file} ({kind}) to {report.path} ({report.output_format}, {report.size_bytes:,} bytes)")

@@ -44,6 +44,7 @@ class TaggingOptions:
     compile_model: bool = True
     verbose: bool = False
     alpha: str = "white"  # transparency composited onto white, as the tagger tools do; "drop": the stored colours
+    padding: str | None = None  # "border" or "white"; None: the project's padding key (border without a project)
 
 
 def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_path=None, model_path=None,
@@ -88,7 +89,7 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
     from deepdanbooru.inference.predict import configure_devices, load_tagger
 
     devices = configure_devices(o.allow_gpu)
-    tagger = load_tagger(files, tags, compile_model=o.compile_model, alpha=o.alpha)
+    tagger = load_tagger(files, tags, compile_model=o.compile_model, alpha=o.alpha, padding=o.padding)
     if o.verbose:
         echo_err(f"Devices: {', '.join(devices)}")
         echo_err(f"Input {tagger.height}x{tagger.width}, {len(tags)} tags from {files.tags}")
@@ -105,7 +106,8 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
         writer.image(paths[index], pairs)
         if o.save_txt:
             sidecar = sidecar_path(paths[index], captions.extension)
-            text = caption_text([tag for tag, _ in pairs], existing.get(sidecar), captions.remove_underscore)
+            text = caption_text([tag for tag, _ in pairs], existing.get(sidecar), captions.remove_underscore,
+                                captions.separator)
             try:
                 write_text_atomic(sidecar, text)
                 if captions.append:

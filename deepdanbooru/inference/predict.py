@@ -79,31 +79,9 @@ class Tagger:
         return np.asarray(self._call(images), dtype=np.float32)
 
     def batches(self, paths, batch_size: int, on_skip: Callable[[int, str], None]):
-        """(indices into paths, preprocessed images) batch by batch, in order.
-
-        The shared pipeline drops unreadable images; positions are ascending,
-        so each gap is reported through on_skip(index, reason) as soon as the
-        next image past it arrives (and the tail gaps at the end).
-        """
-        from deepdanbooru.pipeline import diagnose, inference_dataset
-        from deepdanbooru.pipeline.gaps import PositionGaps
-
-        dataset = inference_dataset([str(path) for path in paths], height=self.height, width=self.width,
-                                    batch_size=batch_size, max_image_pixels=self.max_image_pixels, fill=self.fill)
-        gaps, checked = PositionGaps(), 0
-
-        def skip_gaps(stop):
-            nonlocal checked
-            for index in gaps.missing(np.arange(checked, stop)).tolist():
-                on_skip(index, diagnose(paths[index], self.max_image_pixels))
-            checked = max(checked, stop)
-
-        for batch in dataset:
-            positions = batch["position"].numpy()
-            gaps.observe(positions)
-            skip_gaps(int(positions[-1]) + 1)
-            yield positions, batch["image"]
-        skip_gaps(len(paths))
+        """(indices into paths, preprocessed images) batch by batch, in order (prepared_batches)."""
+        return prepared_batches(paths, height=self.height, width=self.width, batch_size=batch_size,
+                                max_image_pixels=self.max_image_pixels, fill=self.fill, on_skip=on_skip)
 
     def predict(self, paths, batch_size: int, on_skip: Callable[[int, str], None]) -> Iterator[tuple[int, np.ndarray]]:
         """(index into paths, scores) for every readable image, in order; on_skip(index, reason) for the rest."""
@@ -118,12 +96,43 @@ class Tagger:
             yield int(positions[0]), images[0].numpy()
 
 
-def load_tagger(files, tags, compile_model=True, alpha=None) -> Tagger:
-    """alpha: "white" or "drop" (pipeline.fill); None: the project's key. Padding: the project's key."""
+def prepared_batches(paths, *, height: int, width: int, batch_size: int, max_image_pixels: int, fill,
+                     on_skip: Callable[[int, str], None]):
+    """(indices into paths, float32 images [b, height, width, 3] in [0, 1]) batch by batch, in order.
+
+    The pictures as evaluate gives them to the model: the pipeline's inference preprocessing (decode,
+    fit, centre, `fill`, / 255), the one of validation and training without augmentation. The
+    pipeline drops unreadable images; positions are ascending, so each gap is reported through
+    on_skip(index, reason) as soon as the next image past it arrives (and the tail gaps at the end).
+    """
+    from deepdanbooru.pipeline import diagnose, inference_dataset
+    from deepdanbooru.pipeline.gaps import PositionGaps
+
+    dataset = inference_dataset([str(path) for path in paths], height=height, width=width, batch_size=batch_size,
+                                max_image_pixels=max_image_pixels, fill=fill)
+    gaps, checked = PositionGaps(), 0
+
+    def skip_gaps(stop):
+        nonlocal checked
+        for index in gaps.missing(np.arange(checked, stop)).tolist():
+            on_skip(index, diagnose(paths[index], max_image_pixels))
+        checked = max(checked, stop)
+
+    for batch in dataset:
+        positions = batch["position"].numpy()
+        gaps.observe(positions)
+        skip_gaps(int(positions[-1]) + 1)
+        yield positions, batch["image"]
+    skip_gaps(len(paths))
+
+
+def load_tagger(files, tags, compile_model=True, alpha=None, padding=None) -> Tagger:
+    """alpha ("white" or "drop") and padding ("border" or "white"): pipeline.fill; None: the project's key
+    (DeepDanbooru's without a project)."""
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.pipeline import Fill
 
     model = load_model_file(files.model)
     check_output_width(model, files.model, tags, files.tags)
-    fill = Fill.from_config(files.config, alpha) if files.config else (Fill(alpha=alpha) if alpha else Fill())
+    fill = Fill.from_config(files.config, alpha, padding)
     return Tagger(model, tags, files.model, files.config, files.max_image_pixels, compile_model, fill)

@@ -38,9 +38,11 @@ class Fill:
             raise ValueError(f"alpha must be one of {', '.join(ALPHA_MODES)}, got {self.alpha!r}")
 
     @classmethod
-    def from_config(cls, config, alpha: str | None = None) -> Fill:
-        """The project's fill; `alpha` overrides the project's (evaluate's --alpha)."""
-        return cls(config.padding, alpha or config.alpha)
+    def from_config(cls, config, alpha: str | None = None, padding: str | None = None) -> Fill:
+        """The project's fill (DeepDanbooru's when `config` is None); `alpha` and `padding` override it
+        (evaluate's --alpha and --padding)."""
+        base = cls(config.padding, config.alpha) if config is not None else cls()
+        return cls(padding or base.padding, alpha or base.alpha)
 
     @property
     def white_padding(self) -> bool:

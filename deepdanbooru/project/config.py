@@ -419,8 +419,9 @@ KEYS: tuple[Key, ...] = (
         "bool", "true, false", spec=False),
     Key("padding", "border", _choice(PADDING_MODES),
         "what surrounds a picture that is not of the model's proportions, and what rotations and shifts uncover, "
-        "in training, validation and evaluate: border (repeat the edge pixels) or white (as the WD tagger "
-        "tools pad, and as WD's models were trained)", "str", ", ".join(PADDING_MODES), spec=False),
+        "in training, validation, evaluate (unless evaluate --padding) and conv2tflite's sample images: border "
+        "(repeat the edge pixels) or white (as the WD tagger tools pad, and as WD's models were trained)", "str",
+        ", ".join(PADDING_MODES), spec=False),
     Key("alpha", "drop", _choice(ALPHA_MODES),
         "transparency of PNG and WebP pictures in training, validation, evaluate-project --metrics and grad-cam: "
         "drop (the stored colours) or white (composited onto white, as the tagger tools do); evaluate and "

@@ -1,6 +1,7 @@
 """Shared fixtures: a small generated dataset and a project that trains on it."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,17 @@ def sample_project(tmp_path, sample_dataset):
     (project / "project.json").write_text(json.dumps(config, indent=4) + "\n")
     (project / "tags.txt").write_text("\n".join(tags) + "\n")
     return project
+
+
+@pytest.fixture
+def exported_project(tmp_path):
+    """make(model_file, size, tags, **keys): tmp_path/project, whose final resnet_small export is model_file."""
+    def make(model_file, size, tags, **keys):
+        project = tmp_path / "project"
+        project.mkdir()
+        settings = {"image_width": size, "image_height": size, "model": "resnet_small", **keys}
+        (project / "project.json").write_text(json.dumps(settings))
+        (project / "tags.txt").write_text("".join(f"{tag}\n" for tag in tags))
+        (project / "model-resnet_small.keras").write_bytes(Path(model_file).read_bytes())
+        return project
+    return make

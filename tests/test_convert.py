@@ -112,10 +112,9 @@ def test_project_export_is_converted_and_compared_on_real_images(sample_project,
     assert output.stat().st_size > 100_000
 
 
-def test_sample_images_are_what_evaluate_feeds_the_model(tmp_path, keras_model, monkeypatch):
+def test_sample_images_are_what_evaluate_feeds_the_model(tmp_path, keras_model, exported_project, monkeypatch):
     """A --sample-image reaches the comparison exactly as evaluate gives it to the model: the project's
     padding (white here) and transparency on white, not the built-in border."""
-    import json
     from pathlib import Path
 
     from PIL import Image
@@ -125,13 +124,7 @@ def test_sample_images_are_what_evaluate_feeds_the_model(tmp_path, keras_model, 
     from deepdanbooru.inference.predict import Tagger
     from deepdanbooru.pipeline import preprocess_for_inference
 
-    path, _ = keras_model
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "project.json").write_text(json.dumps({"image_width": 32, "image_height": 32, "model": "resnet_small",
-                                                      "padding": "white"}))
-    (project / "tags.txt").write_text("a\nb\nc\n")
-    (project / "model-resnet_small.keras").write_bytes(path.read_bytes())
+    project = exported_project(keras_model[0], 32, "abc", padding="white")
     pixels = np.zeros((12, 30, 4), np.uint8)
     pixels[:, :15] = (200, 10, 10, 255)  # the right half transparent, black stored under it
     picture = tmp_path / "wide.png"

@@ -146,13 +146,8 @@ def colour_model_file(tmp_path_factory):
 
 
 @pytest.fixture
-def project(tmp_path, colour_model_file):
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "project.json").write_text(json.dumps({"image_width": 32, "image_height": 32, "model": "resnet_small"}))
-    (project / "tags.txt").write_text("\n".join(TAGS) + "\n")
-    (project / "model-resnet_small.keras").write_bytes(colour_model_file.read_bytes())
-    return project
+def project(colour_model_file, exported_project):
+    return exported_project(colour_model_file, 32, TAGS)
 
 
 @pytest.fixture

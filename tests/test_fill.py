@@ -144,7 +144,7 @@ def test_evaluate_composites_alpha_onto_white_unless_told_to_drop_it(tmp_path):
     assert dropped == opaque_black
 
 
-def test_evaluate_padding_defaults_to_the_project_s_and_can_be_chosen(tmp_path):
+def test_evaluate_padding_defaults_to_the_project_s_and_can_be_chosen(tmp_path, exported_project):
     import keras
     from PIL import Image
 
@@ -156,12 +156,7 @@ def test_evaluate_padding_defaults_to_the_project_s_and_can_be_chosen(tmp_path):
     model = tmp_path / "m.keras"
     keras.Model(inputs, outputs).save(model)
     (tmp_path / "tags.txt").write_text("a\nb\n")
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "project.json").write_text(json.dumps({"image_width": 16, "image_height": 16, "model": "resnet_small",
-                                                      "padding": "white"}))
-    (project / "tags.txt").write_text("a\nb\n")
-    (project / "model-resnet_small.keras").write_bytes(model.read_bytes())
+    project = exported_project(model, 16, "ab", padding="white")
     wide = tmp_path / "wide.png"
     Image.new("RGB", (16, 8), (0, 0, 0)).save(wide)  # black: padding with its border stays black
 

@@ -38,23 +38,8 @@ _KNOWN = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_rati
           "in_chans", "final_norm") + _TRAINING_ONLY
 
 
-@dataclass(frozen=True)
-class ViTOptions:
-    img_size: tuple[int, int]
-    patch: int
-    width: int
-    depth: int
-    heads: int
-    mlp_width: int
-    qkv_bias: bool
-    layer_scale: bool
-    class_token: bool
-    reg_tokens: int
-    no_embed_class: bool
-    pool: str
-    fc_norm: bool  # the final norm runs after pooling (else before it, on every token)
-    act: str
-    num_classes: int
+class TokenLayout:
+    """The token sequence of a ViT-like network (ViT, EVA02): prefix tokens, then the patch grid."""
 
     @property
     def prefix_tokens(self) -> int:
@@ -73,7 +58,26 @@ class ViTOptions:
         return self.patches if self.no_embed_class else self.patches + self.prefix_tokens
 
 
-def _pair(value, field, path):
+@dataclass(frozen=True)
+class ViTOptions(TokenLayout):
+    img_size: tuple[int, int]
+    patch: int
+    width: int
+    depth: int
+    heads: int
+    mlp_width: int
+    qkv_bias: bool
+    layer_scale: bool
+    class_token: bool
+    reg_tokens: int
+    no_embed_class: bool
+    pool: str
+    fc_norm: bool  # the final norm runs after pooling (else before it, on every token)
+    act: str
+    num_classes: int
+
+
+def pair(value, field, path):
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value, value
     if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
@@ -103,7 +107,7 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTO
     if pool == "token" and not args["class_token"]:
         fail("global_pool", "token pooling needs class_token true")
     act = args["act_layer"]
-    img_size, patch = _pair(args["img_size"], "img_size", path), args["patch_size"]
+    img_size, patch = pair(args["img_size"], "img_size", path), args["patch_size"]
     if not isinstance(patch, int) or patch <= 0 or img_size[0] % patch or img_size[1] % patch:
         fail("patch_size", f"{patch!r} must be a positive integer dividing img_size {list(img_size)}")
     width, heads = args["embed_dim"], args["num_heads"]
@@ -148,9 +152,9 @@ def _attention(opts: ViTOptions, name: str):
     return layers.MultiHeadAttention(opts.heads, opts.width // opts.heads, name=name)
 
 
-def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
-    image = keras.Input(shape=(*(size or opts.img_size), 3), name="image")
-    ones = parts.ones_like_batch(image)
+def embed(image, ones, opts, position_table: bool = True):
+    """Patch tokens with the prefix tokens (class, registers) in front and the learned position table added
+    (over prefix and patches, or patches only with no_embed_class): (batch, prefix + patches, width)."""
     x = layers.Conv2D(opts.width, opts.patch, strides=opts.patch, padding="valid", name="vit_patch_embedding")(image)
     x = layers.Reshape((opts.patches, opts.width), name="vit_tokens")(x)
     prefix = []
@@ -158,13 +162,31 @@ def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
         prefix.append(parts.parameter(ones, (1, opts.width), "vit_class_token"))
     if opts.reg_tokens:
         prefix.append(parts.parameter(ones, (opts.reg_tokens, opts.width), "vit_register_tokens"))
-    table = parts.parameter(ones, (opts.table_length, opts.width), "vit_position_embedding")
-    if opts.no_embed_class:
+    table = parts.parameter(ones, (opts.table_length, opts.width), "vit_position_embedding") if position_table \
+        else None
+    if table is not None and opts.no_embed_class:
         x = layers.Add(name="vit_embedded")([x, table])
     if prefix:
         x = layers.Concatenate(axis=1, name="vit_with_prefix")([*prefix, x])
-    if not opts.no_embed_class:
+    if table is not None and not opts.no_embed_class:
         x = layers.Add(name="vit_embedded")([x, table])
+    return x
+
+
+def pool(x, opts):
+    """The class token (pool token) or the mean of the patch tokens (avg): (batch, width)."""
+    if opts.pool == "token":
+        x = layers.Cropping1D((0, opts.patches + opts.prefix_tokens - 1), name="vit_class_output")(x)
+        return layers.Reshape((opts.width,), name="vit_pooled")(x)
+    if opts.prefix_tokens:
+        x = layers.Cropping1D((opts.prefix_tokens, 0), name="vit_patch_tokens")(x)
+    return layers.GlobalAveragePooling1D(name="vit_pooled")(x)
+
+
+def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
+    image = keras.Input(shape=(*(size or opts.img_size), 3), name="image")
+    ones = parts.ones_like_batch(image)
+    x = embed(image, ones, opts)
     for index in range(opts.depth):
         block = f"vit_block{index}"
         y = _norm(f"{block}_norm1")(x)
@@ -174,19 +196,15 @@ def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
         x = layers.Add(name=f"{block}_add2")([x, y])
     if not opts.fc_norm:
         x = _norm("vit_norm")(x)
-    if opts.pool == "token":
-        x = layers.Cropping1D((0, opts.patches + opts.prefix_tokens - 1), name="vit_class_output")(x)
-        x = layers.Reshape((opts.width,), name="vit_pooled")(x)
+    if opts.pool != "map":
+        x = pool(x, opts)
     else:
         if opts.prefix_tokens:
             x = layers.Cropping1D((opts.prefix_tokens, 0), name="vit_patch_tokens")(x)
-        if opts.pool == "avg":
-            x = layers.GlobalAveragePooling1D(name="vit_pooled")(x)
-        else:
-            latent = parts.parameter(ones, (1, opts.width), "vit_map_latent")
-            y = _attention(opts, "vit_map_attention")(latent, x)
-            y = layers.Add(name="vit_map_add")([y, _mlp(_norm("vit_map_norm")(y), opts, "vit_map_mlp")])
-            x = layers.Reshape((opts.width,), name="vit_pooled")(y)
+        latent = parts.parameter(ones, (1, opts.width), "vit_map_latent")
+        y = _attention(opts, "vit_map_attention")(latent, x)
+        y = layers.Add(name="vit_map_add")([y, _mlp(_norm("vit_map_norm")(y), opts, "vit_map_mlp")])
+        x = layers.Reshape((opts.width,), name="vit_pooled")(y)
     if opts.fc_norm:
         x = _norm("vit_fc_norm")(x)
     x = layers.Dense(opts.num_classes, name="head_dense")(x)
@@ -205,15 +223,35 @@ def _mlp_tensors(prefix, opts):
             f"{prefix}.fc2.weight": (opts.width, opts.mlp_width), f"{prefix}.fc2.bias": (opts.width,)}
 
 
-def expected_tensors(opts: ViTOptions, head: bool = True) -> dict[str, tuple[int, ...]]:
-    """Every tensor the checkpoint must hold, with its shape."""
+def embedding_tensors(opts, position_table: bool = True) -> dict[str, tuple[int, ...]]:
+    """The patch embedding, the prefix tokens and the position table (`embed`'s weights) in the checkpoint."""
     w = opts.width
-    out = {"patch_embed.proj.weight": (w, 3, opts.patch, opts.patch), "patch_embed.proj.bias": (w,),
-           "pos_embed": (1, opts.table_length, w)}
+    out = {"patch_embed.proj.weight": (w, 3, opts.patch, opts.patch), "patch_embed.proj.bias": (w,)}
+    if position_table:
+        out["pos_embed"] = (1, opts.table_length, w)
     if opts.class_token:
         out["cls_token"] = (1, 1, w)
     if opts.reg_tokens:
         out["reg_token"] = (1, opts.reg_tokens, w)
+    return out
+
+
+def embedding_weights(opts, t: dict, fold) -> dict[str, list[np.ndarray]]:
+    """`embed`'s layers from the checkpoint; `fold(kernel, bias)` adapts the patch embedding."""
+    out = {"vit_patch_embedding": list(fold(*patch_kernel(t)))}
+    if "pos_embed" in t:
+        out["vit_position_embedding"] = [t["pos_embed"].reshape(1, -1)]
+    if opts.class_token:
+        out["vit_class_token"] = [t["cls_token"].reshape(1, -1)]
+    if opts.reg_tokens:
+        out["vit_register_tokens"] = [t["reg_token"].reshape(1, -1)]
+    return out
+
+
+def expected_tensors(opts: ViTOptions, head: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor the checkpoint must hold, with its shape."""
+    w = opts.width
+    out = embedding_tensors(opts)
     for index in range(opts.depth):
         block = f"blocks.{index}"
         out.update(_norm_tensors(f"{block}.norm1", w))
@@ -285,12 +323,7 @@ def patch_kernel(t: dict) -> tuple[np.ndarray, np.ndarray]:
 def layer_weights(opts: ViTOptions, t: dict, fold, name: str = "") -> dict[str, list[np.ndarray]]:
     """Layer name -> weights for the whole imported model; `fold(kernel, bias)` adapts the patch embedding."""
     w = opts.width
-    out = {"vit_patch_embedding": list(fold(*patch_kernel(t))),
-           "vit_position_embedding": [t["pos_embed"].reshape(1, -1)]}
-    if opts.class_token:
-        out["vit_class_token"] = [t["cls_token"].reshape(1, -1)]
-    if opts.reg_tokens:
-        out["vit_register_tokens"] = [t["reg_token"].reshape(1, -1)]
+    out = embedding_weights(opts, t, fold)
     out.update(trunk_weights(opts, t))
     out["vit_fc_norm" if opts.fc_norm else "vit_norm"] = _norm_weights(t, "fc_norm" if opts.fc_norm else "norm")
     if opts.pool == "map":

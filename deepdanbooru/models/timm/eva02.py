@@ -110,7 +110,7 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> EvaO
 
     for field, value in _FIXED.items():
         if args[field] != value:
-            fail(field, f"{args[field]!r} is not supported (only {json.dumps(value)}, timm's default)")
+            fail(field, f"{json.dumps(args[field])} is not supported (only {json.dumps(value)}, timm's default)")
     if args["act_layer"] != "gelu":
         fail("act_layer", "is not an argument of timm's Eva")
     pool = args["global_pool"]

@@ -103,7 +103,7 @@ def test_wrong_size_and_bad_folder_are_one_line_and_leave_the_project_alone(fold
     message = _one_line_error("train-project", project, "--source-model", folder)
     assert message == (f"error: {project / 'project.json'}: image_width/image_height: 48x32, but --source-model "
                        f"{folder} takes 32x32 (pretrained_cfg.input_size of its config.json); set image_width 32 "
-                       "and image_height 32 (or set resample_positions true to resample the ViT's position table)")
+                       "and image_height 32 (or set resample_positions true to resample the checkpoint's position table)")
     set_config(project, image_width=32)
     (folder / "model.safetensors").unlink()
     message = _one_line_error("train-project", project, "--source-model", folder)

@@ -144,7 +144,7 @@ def test_a_layer_no_family_places_is_refused_naming_the_network():
     model = _numbered_layers_model()
     with pytest.raises(ModelError, match="^layer_decay: cannot tell which stage or block of resnet_small layer "
                                          "'conv2d_7' belongs to; layer_decay knows the layers of the models "
-                                         r"deepdanbooru builds and import-model imports \(ViT, ConvNeXt, SwinV2\)$"):
+                                         r"deepdanbooru builds and import-model imports \(ViT, EVA02, ConvNeXt, SwinV2\)$"):
         layer_rate_factors(model, "resnet_small", DECAY)
     with pytest.raises(ModelError, match="^project.json: layer_decay: cannot tell which stage or block of "
                                          "--source-model old.keras layer 'conv2d_7'"):
@@ -314,5 +314,5 @@ def test_a_refused_source_writes_nothing_into_the_project(tmp_path, sample_datas
     assert result.output.splitlines()[-1] == (
         f"error: {project / 'project.json'}: layer_decay: cannot tell which stage or block of --source-model "
         "old.keras (old_tagger) layer 'conv2d_7' belongs to; layer_decay knows the layers of the models "
-        "deepdanbooru builds and import-model imports (ViT, ConvNeXt, SwinV2)")
+        "deepdanbooru builds and import-model imports (ViT, EVA02, ConvNeXt, SwinV2)")
     assert _files(project) == before

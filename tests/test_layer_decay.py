@@ -252,7 +252,8 @@ def _files(directory: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("fixture, size, row", [("vit_wd", 32, "convnext_tiny"),
                                                 ("convnext_wd", 32, "vit_small_patch16"),
-                                                ("swinv2_wd", 48, "vit_small_patch16")])
+                                                ("swinv2_wd", 48, "vit_small_patch16"),
+                                                ("eva02_wd", 32, "convnext_tiny")])
 def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_dataset, fixture, size, row):
     from click.testing import CliRunner
 
@@ -282,8 +283,9 @@ def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_datase
         "convnext_wd": ("convnext_base_stem_conv", "convnext_base_stage_0_block_0_pointwise_conv_1",
                         "convnext_base_stage_3_block_0_pointwise_conv_1", "convnext_base_head_layernorm"),
         "swinv2_wd": ("swin_patch_embedding", "swin_stage0_block0_mlp1", "swin_stage3_block0_mlp1", "swin_norm"),
+        "eva02_wd": ("vit_patch_embedding", "vit_block0_mlp_gate", "vit_block1_attn_q", "vit_fc_norm"),
     }[fixture]
-    depth = 2 if fixture == "vit_wd" else 4
+    depth = 2 if fixture in ("vit_wd", "eva02_wd") else 4
     assert rates[stem] == pytest.approx(DECAY ** (depth + 1), rel=1e-2)
     assert rates[first] == pytest.approx(DECAY ** depth, rel=1e-2)
     assert rates[last] == pytest.approx(DECAY, rel=1e-2)

@@ -142,6 +142,42 @@ def test_the_network_round_trips_through_its_json():
     np.testing.assert_allclose(np.asarray(again(inputs)), np.asarray(model(inputs)), atol=1e-6)
 
 
+def test_built_in_layers_only_and_a_mixed_precision_step():
+    import keras
+    import tensorflow as tf
+
+    from deepdanbooru.models.precision import MIXED, with_policy
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    folder = FIXTURES / "eva02_wd"
+    model = import_checkpoint(folder).model
+    for layer in model.layers:
+        assert getattr(keras.layers, type(layer).__name__, None) is type(layer), (layer.name, type(layer))
+    # As a --source-model trains under mixed_float16: float16 attention and tables, float32 scores, finite gradients.
+    mixed = with_policy(model, MIXED)
+    assert mixed.get_layer("vit_block0_attn_q").compute_dtype == "float16"
+    inputs = np.load(folder / "inputs.npy")
+    with tf.GradientTape() as tape:
+        scores = mixed(inputs, training=True)
+        loss = tf.reduce_mean(scores)
+    gradients = tape.gradient(loss, mixed.trainable_variables)
+    assert scores.dtype == tf.float32 and np.abs(scores.numpy() - np.asarray(model(inputs))).max() < 1e-2
+    assert all(g is not None and np.isfinite(keras.ops.convert_to_numpy(g)).all() for g in gradients)
+
+
+@pytest.mark.slow
+def test_converts_to_onnx_as_export_bundle_needs():
+    from deepdanbooru.inference.convert import onnx_available, run_onnx, to_onnx
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    if not onnx_available():
+        pytest.skip("tf2onnx and onnxruntime are not installed")
+    folder = FIXTURES / "eva02_wd"
+    inputs = np.load(folder / "inputs.npy")
+    onnx = run_onnx(to_onnx(import_checkpoint(folder).model), inputs)
+    assert np.abs(onnx - scores(folder / "logits.npy")).max() < TOLERANCE
+
+
 def _set(**args):
     return lambda config: config["model_args"].update(args)
 

@@ -100,6 +100,22 @@ def test_every_rotary_option_changes_what_the_model_computes(change):
     assert np.abs(np.asarray(model(inputs)) - scores(folder / "logits.npy")).max() > 1e-3
 
 
+@pytest.mark.parametrize("name, tokens", [("eva02_wd", 1 + 4 * 4), ("eva02_registers", 2 + 6 * 5),
+                                          ("eva02_fused", 1 + 4 * 6)])
+def test_every_value_of_the_file_is_one_trainable_parameter(name, tokens):
+    from deepdanbooru.models.builder import count_weights
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+    from deepdanbooru.models.timm.safetensors import read_header
+
+    header, _ = read_header(FIXTURES / name / "model.safetensors")
+    # Layer scales (gamma_1, gamma_2) are folded into the projections before them, as the ViT importer does.
+    stored = sum(int(np.prod(info.shape)) for key, info in header.items() if ".gamma_" not in key)
+    trainable, constants = count_weights(import_checkpoint(FIXTURES / name).model)
+    assert trainable == stored
+    # The constants: sin and cos for every token's 8 head dimensions, and the 8x8 rotation.
+    assert constants == 2 * tokens * 8 + 8 * 8
+
+
 def test_rotary_tables_are_constants_and_prefix_tokens_stay_unrotated():
     from deepdanbooru.models.timm.checkpoint import import_checkpoint
 

@@ -232,3 +232,15 @@ def test_an_unsupported_eva02_gets_one_line_and_nothing_written(case, tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0]), result.output
     assert list(out.iterdir()) == []
+
+
+def test_backbone_weights_refuses_an_eva02_folder_in_one_line():
+    from deepdanbooru.errors import ModelError
+    from deepdanbooru.models.backbone import load_backbone_weights
+    from deepdanbooru.models.builder import build_model
+
+    # No registry row is an EVA02: the folder starts a fine-tune whole, as --source-model.
+    model = build_model("vit_small_patch16", (32, 32, 3), 5)
+    with pytest.raises(ModelError, match=r"eva02_wd/config.json: architecture: the eva02_large_patch14_448 checkpoint "
+                                         r"has no model in the registry to start .*import-model takes it whole"):
+        load_backbone_weights(model, "vit_small_patch16", FIXTURES / "eva02_wd", (32, 32, 3))

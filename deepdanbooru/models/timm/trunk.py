@@ -88,7 +88,7 @@ def load_trunk(model: keras.Model, name: str, folder, channel_order: str | None 
     architecture = get_architecture(name)
     if family not in _REGISTRY_FAMILY:
         raise ModelError(file_field(source.config_path, "architecture",
-                                    f"a {source.architecture} checkpoint has no model in the registry to start "
+                                    f"the {source.architecture} checkpoint has no model in the registry to start "
                                     "(timm ViT and ConvNeXt trunks can; import-model takes it whole)"))
     if architecture.family != _REGISTRY_FAMILY[family]:
         raise ModelError(file_field(source.config_path, "architecture",

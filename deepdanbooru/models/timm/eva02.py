@@ -56,11 +56,6 @@ INDEXINGS = ("ij", "xy")
 
 @dataclass(frozen=True)
 class EvaOptions(TokenLayout):
-    img_size: tuple[int, int]
-    patch: int
-    width: int
-    depth: int
-    heads: int
     hidden: int  # the MLP's hidden width
     qkv_bias: bool
     qkv_fused: bool
@@ -113,16 +108,9 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> EvaO
             fail(field, f"{json.dumps(args[field])} is not supported (only {json.dumps(value)}, timm's default)")
     if args["act_layer"] != "gelu":
         fail("act_layer", "is not an argument of timm's Eva")
-    pool = args["global_pool"]
-    if pool not in POOLS:
-        fail("global_pool", f"{pool!r} is not supported (supported: {', '.join(POOLS)})")
-    if pool == "token" and not args["class_token"]:
-        fail("global_pool", "token pooling needs class_token true")
+    pool, img_size, patch = vit.pooling_and_patches(args, POOLS, path)
     if args["rope_grid_indexing"] not in INDEXINGS:
         fail("rope_grid_indexing", f"{args['rope_grid_indexing']!r} is not one of {', '.join(INDEXINGS)}")
-    img_size, patch = vit.pair(args["img_size"], "img_size", path), args["patch_size"]
-    if not isinstance(patch, int) or patch <= 0 or img_size[0] % patch or img_size[1] % patch:
-        fail("patch_size", f"{patch!r} must be a positive integer dividing img_size {list(img_size)}")
     width, heads = args["embed_dim"], args["num_heads"]
     if width % heads or (width // heads) % 4:
         fail("num_heads", f"{heads} must divide embed_dim {width} into heads of a multiple of 4 (rotary "
@@ -251,19 +239,10 @@ def build(opts: EvaOptions, name: str, size=None) -> keras.Model:
         x = layers.Add(name=f"{block}_add2")([x, _mlp(_norm(f"{block}_norm2")(x), opts, f"{block}_mlp")])
     if opts.norm:
         x = _norm("vit_norm")(x)
-    x = vit.pool(x, opts)
-    if opts.fc_norm:
-        x = _norm("vit_fc_norm")(x)
-    x = layers.Dense(opts.num_classes, name="head_dense")(x)
-    outputs = layers.Activation("sigmoid", dtype="float32", name="output")(x)
-    return keras.Model(image, outputs, name=name)
+    return vit.head(image, vit.pool(x, opts), opts, name)
 
 
 # --- the weight table ---
-
-def _norm_tensors(prefix, width):
-    return {f"{prefix}.weight": (width,), f"{prefix}.bias": (width,)}
-
 
 def _linear_tensors(prefix, out, inp, bias=True):
     return {f"{prefix}.weight": (out, inp), **({f"{prefix}.bias": (out,)} if bias else {})}
@@ -275,7 +254,7 @@ def expected_tensors(opts: EvaOptions, head: bool = True) -> dict[str, tuple[int
     out = vit.embedding_tensors(opts, position_table=opts.abs_pos)
     for index in range(opts.depth):
         block = f"blocks.{index}"
-        out.update(_norm_tensors(f"{block}.norm1", w))
+        out.update(vit.norm_tensors(f"{block}.norm1", w))
         if opts.qkv_fused:
             out[f"{block}.attn.qkv.weight"] = (3 * w, w)
             if opts.qkv_bias:
@@ -285,22 +264,22 @@ def expected_tensors(opts: EvaOptions, head: bool = True) -> dict[str, tuple[int
             out.update(_linear_tensors(f"{block}.attn.k_proj", w, w, False))
             out.update(_linear_tensors(f"{block}.attn.v_proj", w, w, opts.qkv_bias))
         if opts.scale_attn_inner:
-            out.update(_norm_tensors(f"{block}.attn.norm", w))
+            out.update(vit.norm_tensors(f"{block}.attn.norm", w))
         out.update(_linear_tensors(f"{block}.attn.proj", w, w))
         if opts.layer_scale:
             out.update({f"{block}.gamma_1": (w,), f"{block}.gamma_2": (w,)})
-        out.update(_norm_tensors(f"{block}.norm2", w))
+        out.update(vit.norm_tensors(f"{block}.norm2", w))
         if opts.mlp == "swiglu":
             out.update({**_linear_tensors(f"{block}.mlp.fc1_g", h, w), **_linear_tensors(f"{block}.mlp.fc1_x", h, w)})
         else:
             out.update(_linear_tensors(f"{block}.mlp.fc1", 2 * h if opts.mlp == "packed" else h, w))
         if opts.scale_mlp:
-            out.update(_norm_tensors(f"{block}.mlp.norm", h))
+            out.update(vit.norm_tensors(f"{block}.mlp.norm", h))
         out.update(_linear_tensors(f"{block}.mlp.fc2", w, h))
     if opts.norm:
-        out.update(_norm_tensors("norm", w))
+        out.update(vit.norm_tensors("norm", w))
     if opts.fc_norm:
-        out.update(_norm_tensors("fc_norm", w))
+        out.update(vit.norm_tensors("fc_norm", w))
     if head:
         out.update(_linear_tensors("head", opts.num_classes, w))
     return out
@@ -316,10 +295,6 @@ def _dense(t, prefix, scale=None, rows=slice(None)):
     return [kernel] if bias is None else [kernel, bias]
 
 
-def _norm_weights(t, prefix):
-    return [t[f"{prefix}.weight"], t[f"{prefix}.bias"]]
-
-
 def _attention_weights(opts: EvaOptions, t: dict, block: str, name: str) -> dict:
     w = opts.width
     out = {}
@@ -332,7 +307,7 @@ def _attention_weights(opts: EvaOptions, t: dict, block: str, name: str) -> dict
         for part in "qkv":
             out[f"{name}_{part}"] = _dense(t, f"{block}.attn.{part}_proj")
     if opts.scale_attn_inner:
-        out[f"{name}_norm"] = _norm_weights(t, f"{block}.attn.norm")
+        out[f"{name}_norm"] = vit.norm_weights(t, f"{block}.attn.norm")
     out[f"{name}_proj"] = _dense(t, f"{block}.attn.proj", t.get(f"{block}.gamma_1"))
     return out
 
@@ -349,7 +324,7 @@ def _mlp_weights(opts: EvaOptions, t: dict, block: str, name: str) -> dict:
     else:
         out = {f"{name}1": _dense(t, f"{source}.fc1")}
     if opts.scale_mlp:
-        out[f"{name}_norm"] = _norm_weights(t, f"{source}.norm")
+        out[f"{name}_norm"] = vit.norm_weights(t, f"{source}.norm")
     out[f"{name}2"] = _dense(t, f"{source}.fc2", t.get(f"{block}.gamma_2"))
     return out
 
@@ -362,14 +337,14 @@ def layer_weights(opts: EvaOptions, t: dict, fold, name: str = "") -> dict[str, 
                 "vit_rope_rotate": [rotation(opts)]})
     for index in range(opts.depth):
         block, layer = f"blocks.{index}", f"vit_block{index}"
-        out[f"{layer}_norm1"] = _norm_weights(t, f"{block}.norm1")
+        out[f"{layer}_norm1"] = vit.norm_weights(t, f"{block}.norm1")
         out.update(_attention_weights(opts, t, block, f"{layer}_attn"))
-        out[f"{layer}_norm2"] = _norm_weights(t, f"{block}.norm2")
+        out[f"{layer}_norm2"] = vit.norm_weights(t, f"{block}.norm2")
         out.update(_mlp_weights(opts, t, block, f"{layer}_mlp"))
     if opts.norm:
-        out["vit_norm"] = _norm_weights(t, "norm")
+        out["vit_norm"] = vit.norm_weights(t, "norm")
     if opts.fc_norm:
-        out["vit_fc_norm"] = _norm_weights(t, "fc_norm")
+        out["vit_fc_norm"] = vit.norm_weights(t, "fc_norm")
     out["head_dense"] = _dense(t, "head")
     return out
 

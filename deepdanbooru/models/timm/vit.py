@@ -38,8 +38,16 @@ _KNOWN = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_rati
           "in_chans", "final_norm") + _TRAINING_ONLY
 
 
+@dataclass(frozen=True)
 class TokenLayout:
-    """The token sequence of a ViT-like network (ViT, EVA02): prefix tokens, then the patch grid."""
+    """The shape of a ViT-like network (ViT, EVA02): its blocks, and its token sequence (the subclass's
+    class_token, reg_tokens and no_embed_class: prefix tokens, then the patch grid)."""
+
+    img_size: tuple[int, int]
+    patch: int
+    width: int
+    depth: int
+    heads: int
 
     @property
     def prefix_tokens(self) -> int:
@@ -60,11 +68,6 @@ class TokenLayout:
 
 @dataclass(frozen=True)
 class ViTOptions(TokenLayout):
-    img_size: tuple[int, int]
-    patch: int
-    width: int
-    depth: int
-    heads: int
     mlp_width: int
     qkv_bias: bool
     layer_scale: bool
@@ -86,6 +89,20 @@ def pair(value, field, path):
                                                               f"got {value!r}"))
 
 
+def pooling_and_patches(args: dict, pools, path) -> tuple[str, tuple[int, int], int]:
+    """(global_pool, img_size, patch_size) of merged model_args, checked: a pooling of `pools` (token needs the
+    class token), patches that tile the image."""
+    pool = args["global_pool"]
+    if pool not in pools:
+        parts.fail(path, "global_pool", f"{pool!r} is not supported (supported: {', '.join(pools)})")
+    if pool == "token" and not args["class_token"]:
+        parts.fail(path, "global_pool", "token pooling needs class_token true")
+    img_size, patch = pair(args["img_size"], "img_size", path), args["patch_size"]
+    if not isinstance(patch, int) or patch <= 0 or img_size[0] % patch or img_size[1] % patch:
+        parts.fail(path, "patch_size", f"{patch!r} must be a positive integer dividing img_size {list(img_size)}")
+    return pool, img_size, patch
+
+
 def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTOptions:
     match = NAME_PATTERN.fullmatch(architecture)
     if not match:
@@ -101,15 +118,8 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTO
 
     if not args["final_norm"]:
         fail("final_norm", "false is not supported")
-    pool = args["global_pool"]
-    if pool not in POOLS:
-        fail("global_pool", f"{pool!r} is not supported (supported: {', '.join(POOLS)})")
-    if pool == "token" and not args["class_token"]:
-        fail("global_pool", "token pooling needs class_token true")
+    pool, img_size, patch = pooling_and_patches(args, POOLS, path)
     act = args["act_layer"]
-    img_size, patch = pair(args["img_size"], "img_size", path), args["patch_size"]
-    if not isinstance(patch, int) or patch <= 0 or img_size[0] % patch or img_size[1] % patch:
-        fail("patch_size", f"{patch!r} must be a positive integer dividing img_size {list(img_size)}")
     width, heads = args["embed_dim"], args["num_heads"]
     if width % heads:
         fail("num_heads", f"{heads} does not divide embed_dim {width}")
@@ -205,16 +215,21 @@ def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
         y = _attention(opts, "vit_map_attention")(latent, x)
         y = layers.Add(name="vit_map_add")([y, _mlp(_norm("vit_map_norm")(y), opts, "vit_map_mlp")])
         x = layers.Reshape((opts.width,), name="vit_pooled")(y)
+    return head(image, x, opts, name)
+
+
+def head(image, pooled, opts, name: str) -> keras.Model:
+    """The model from the pooled features: fc_norm when the options say so, the head, float32 sigmoid scores."""
     if opts.fc_norm:
-        x = _norm("vit_fc_norm")(x)
-    x = layers.Dense(opts.num_classes, name="head_dense")(x)
+        pooled = _norm("vit_fc_norm")(pooled)
+    x = layers.Dense(opts.num_classes, name="head_dense")(pooled)
     outputs = layers.Activation("sigmoid", dtype="float32", name="output")(x)
     return keras.Model(image, outputs, name=name)
 
 
 # --- the weight table ---
 
-def _norm_tensors(prefix, width):
+def norm_tensors(prefix, width):
     return {f"{prefix}.weight": (width,), f"{prefix}.bias": (width,)}
 
 
@@ -254,28 +269,28 @@ def expected_tensors(opts: ViTOptions, head: bool = True) -> dict[str, tuple[int
     out = embedding_tensors(opts)
     for index in range(opts.depth):
         block = f"blocks.{index}"
-        out.update(_norm_tensors(f"{block}.norm1", w))
+        out.update(norm_tensors(f"{block}.norm1", w))
         out[f"{block}.attn.qkv.weight"] = (3 * w, w)
         if opts.qkv_bias:
             out[f"{block}.attn.qkv.bias"] = (3 * w,)
         out.update({f"{block}.attn.proj.weight": (w, w), f"{block}.attn.proj.bias": (w,)})
-        out.update(_norm_tensors(f"{block}.norm2", w))
+        out.update(norm_tensors(f"{block}.norm2", w))
         out.update(_mlp_tensors(f"{block}.mlp", opts))
         if opts.layer_scale:
             out.update({f"{block}.ls1.gamma": (w,), f"{block}.ls2.gamma": (w,)})
-    out.update(_norm_tensors("fc_norm" if opts.fc_norm else "norm", w))
+    out.update(norm_tensors("fc_norm" if opts.fc_norm else "norm", w))
     if opts.pool == "map":
         out.update({"attn_pool.latent": (1, 1, w), "attn_pool.q.weight": (w, w), "attn_pool.q.bias": (w,),
                     "attn_pool.kv.weight": (2 * w, w), "attn_pool.kv.bias": (2 * w,),
                     "attn_pool.proj.weight": (w, w), "attn_pool.proj.bias": (w,)})
-        out.update(_norm_tensors("attn_pool.norm", w))
+        out.update(norm_tensors("attn_pool.norm", w))
         out.update(_mlp_tensors("attn_pool.mlp", opts))
     if head:
         out.update({"head.weight": (opts.num_classes, w), "head.bias": (opts.num_classes,)})
     return out
 
 
-def _norm_weights(t, prefix):
+def norm_weights(t, prefix):
     return [t[f"{prefix}.weight"], t[f"{prefix}.bias"]]
 
 
@@ -307,10 +322,10 @@ def trunk_weights(opts: ViTOptions, t: dict) -> dict[str, list[np.ndarray]]:
         ls1 = t[f"{block}.ls1.gamma"] if opts.layer_scale else None
         ls2 = t[f"{block}.ls2.gamma"] if opts.layer_scale else None
         pieces = [(qkv[i * w:(i + 1) * w], qkv_bias[i * w:(i + 1) * w]) for i in range(3)]
-        out[f"{name}_norm1"] = _norm_weights(t, f"{block}.norm1")
+        out[f"{name}_norm1"] = norm_weights(t, f"{block}.norm1")
         out[f"{name}_attention"] = attention_weights(opts, *pieces, t[f"{block}.attn.proj.weight"],
                                                      t[f"{block}.attn.proj.bias"], ls1)
-        out[f"{name}_norm2"] = _norm_weights(t, f"{block}.norm2")
+        out[f"{name}_norm2"] = norm_weights(t, f"{block}.norm2")
         out[f"{name}_mlp1"] = _dense(t[f"{block}.mlp.fc1.weight"], t[f"{block}.mlp.fc1.bias"])
         out[f"{name}_mlp2"] = _dense(t[f"{block}.mlp.fc2.weight"], t[f"{block}.mlp.fc2.bias"], ls2)
     return out
@@ -325,14 +340,14 @@ def layer_weights(opts: ViTOptions, t: dict, fold, name: str = "") -> dict[str, 
     w = opts.width
     out = embedding_weights(opts, t, fold)
     out.update(trunk_weights(opts, t))
-    out["vit_fc_norm" if opts.fc_norm else "vit_norm"] = _norm_weights(t, "fc_norm" if opts.fc_norm else "norm")
+    out["vit_fc_norm" if opts.fc_norm else "vit_norm"] = norm_weights(t, "fc_norm" if opts.fc_norm else "norm")
     if opts.pool == "map":
         kv, kv_bias = t["attn_pool.kv.weight"], t["attn_pool.kv.bias"]
         out["vit_map_latent"] = [t["attn_pool.latent"].reshape(1, -1)]
         out["vit_map_attention"] = attention_weights(
             opts, (t["attn_pool.q.weight"], t["attn_pool.q.bias"]), (kv[:w], kv_bias[:w]), (kv[w:], kv_bias[w:]),
             t["attn_pool.proj.weight"], t["attn_pool.proj.bias"])
-        out["vit_map_norm"] = _norm_weights(t, "attn_pool.norm")
+        out["vit_map_norm"] = norm_weights(t, "attn_pool.norm")
         out["vit_map_mlp1"] = _dense(t["attn_pool.mlp.fc1.weight"], t["attn_pool.mlp.fc1.bias"])
         out["vit_map_mlp2"] = _dense(t["attn_pool.mlp.fc2.weight"], t["attn_pool.mlp.fc2.bias"])
     out["head_dense"] = _dense(t["head.weight"], t["head.bias"])

@@ -155,3 +155,23 @@ def test_a_checkpoint_refused_at_import_leaves_the_project_alone(folder, project
     assert result.output.splitlines()[-1].startswith(
         f"error: {folder / 'model.safetensors'}: missing 12 tensor(s) the architecture needs")
     assert sorted(str(p.relative_to(project)) for p in project.rglob("*")) == before
+
+
+def test_resample_positions_starts_an_eva02_at_another_size(tmp_path, project):
+    from deepdanbooru.training.making import Priors, make_model
+    from deepdanbooru.training.train import plan_training
+
+    folder = Path(shutil.copytree(FIXTURE.parent / "eva02_wd", tmp_path / "wd-eva02"))
+    (folder / "selected_tags.csv").write_text(SELECTED)
+    set_config(project, image_width=48, image_height=40)
+    message = _one_line_error("train-project", project, "--source-model", folder)
+    assert message.endswith("(or set resample_positions true to resample the checkpoint's position table)")
+    set_config(project, resample_positions=True)
+    plan = plan_training(project, folder)
+    lines = []
+    model = make_model(plan, "float32", Priors(plan), resuming=False, echo=lines.append)
+    assert model.input_shape == (None, 40, 48, 3)
+    assert "--source-model wd-eva02: position table resampled from 32x32 to 48x40 (resample_positions)" in lines
+    # The rotary tables are the new 5x6 grid's: one row per class token and patch.
+    assert model.get_layer("vit_rope_sin").get_weights()[0].size == (1 + 5 * 6) * 8
+    assert np.isfinite(np.asarray(model(np.zeros((1, 40, 48, 3), np.float32)))).all()

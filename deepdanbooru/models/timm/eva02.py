@@ -106,8 +106,6 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> EvaO
     for field, value in _FIXED.items():
         if args[field] != value:
             fail(field, f"{json.dumps(args[field])} is not supported (only {json.dumps(value)}, timm's default)")
-    if args["act_layer"] != "gelu":
-        fail("act_layer", "is not an argument of timm's Eva")
     pool, img_size, patch = vit.pooling_and_patches(args, POOLS, path)
     if args["rope_grid_indexing"] not in INDEXINGS:
         fail("rope_grid_indexing", f"{args['rope_grid_indexing']!r} is not one of {', '.join(INDEXINGS)}")

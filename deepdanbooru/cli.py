@@ -607,8 +607,8 @@ def import_model(source, save_path, channel_order, overwrite):
     The written model is a plain Keras model (keras.models.load_model opens it
     without deepdanbooru): RGB in [0, 1] at the checkpoint's input size, the
     checkpoint's mean, std and channel order folded in, one sigmoid score per
-    head row. Supported: timm's VisionTransformer, ConvNeXt and
-    SwinTransformerV2 (WD v3's ViT, ConvNeXt and SwinV2 taggers); see
+    head row. Supported: timm's VisionTransformer, EVA02, ConvNeXt and
+    SwinTransformerV2 (WD v3's ViT, EVA02, ConvNeXt and SwinV2 taggers); see
     docs/finetuning.md. Nothing is downloaded.
     """
     if save_path is None:

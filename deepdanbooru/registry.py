@@ -65,8 +65,9 @@ class Family:
     finish: str | None = None
 
 
-# Layer names shared by the registry's ViT (models.vit) and import-model's (models.timm.vit), which adds the
-# class and register tokens to the stem, and the final norm's alternatives (fc_norm, the MAP pooling) to the top.
+# Layer names shared by the registry's ViT (models.vit) and import-model's ViT and EVA02 (models.timm.vit,
+# models.timm.eva02), which add the class and register tokens to the stem, and the final norm's alternatives
+# (fc_norm, the MAP pooling) to the top. EVA02's rotary tables (vit_rope_*) are constants, never trained.
 _VIT_GROUPS = ParameterGroups(
     stem=r"^vit_(?:patch_embedding|position_embedding|class_token|register_tokens)$",
     units=((r"^vit_block(\d+)_", 0),), top=r"^vit_(?:norm|fc_norm|map_[a-z_\d]+)$",

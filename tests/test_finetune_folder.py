@@ -103,7 +103,7 @@ def test_wrong_size_and_bad_folder_are_one_line_and_leave_the_project_alone(fold
     message = _one_line_error("train-project", project, "--source-model", folder)
     assert message == (f"error: {project / 'project.json'}: image_width/image_height: 48x32, but --source-model "
                        f"{folder} takes 32x32 (pretrained_cfg.input_size of its config.json); set image_width 32 "
-                       "and image_height 32 (or set resample_positions true to resample the ViT's position table)")
+                       "and image_height 32 (or set resample_positions true to resample the checkpoint's position table)")
     set_config(project, image_width=32)
     (folder / "model.safetensors").unlink()
     message = _one_line_error("train-project", project, "--source-model", folder)
@@ -155,3 +155,23 @@ def test_a_checkpoint_refused_at_import_leaves_the_project_alone(folder, project
     assert result.output.splitlines()[-1].startswith(
         f"error: {folder / 'model.safetensors'}: missing 12 tensor(s) the architecture needs")
     assert sorted(str(p.relative_to(project)) for p in project.rglob("*")) == before
+
+
+def test_resample_positions_starts_an_eva02_at_another_size(tmp_path, project):
+    from deepdanbooru.training.making import Priors, make_model
+    from deepdanbooru.training.train import plan_training
+
+    folder = Path(shutil.copytree(FIXTURE.parent / "eva02_wd", tmp_path / "wd-eva02"))
+    (folder / "selected_tags.csv").write_text(SELECTED)
+    set_config(project, image_width=48, image_height=40)
+    message = _one_line_error("train-project", project, "--source-model", folder)
+    assert message.endswith("(or set resample_positions true to resample the checkpoint's position table)")
+    set_config(project, resample_positions=True)
+    plan = plan_training(project, folder)
+    lines = []
+    model = make_model(plan, "float32", Priors(plan), resuming=False, echo=lines.append)
+    assert model.input_shape == (None, 40, 48, 3)
+    assert "--source-model wd-eva02: position table resampled from 32x32 to 48x40 (resample_positions)" in lines
+    # The rotary tables are the new 5x6 grid's: one row per class token and patch.
+    assert model.get_layer("vit_rope_sin").get_weights()[0].size == (1 + 5 * 6) * 8
+    assert np.isfinite(np.asarray(model(np.zeros((1, 40, 48, 3), np.float32)))).all()

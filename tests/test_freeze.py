@@ -59,15 +59,18 @@ def test_only_the_trunk_freezes_on_every_model_family(name):
     assert len(model.trainable_variables) > 10
 
 
-def test_a_layer_built_non_trainable_stays_so_when_the_trunk_unfreezes():
+@pytest.mark.parametrize("fixture, constant", [("swinv2_wd", "swin_stage0_block1_mask/kernel"),
+                                               ("eva02_wd", "vit_rope_sin/kernel")])
+def test_a_layer_built_non_trainable_stays_so_when_the_trunk_unfreezes(fixture, constant):
     from pathlib import Path
 
     from deepdanbooru.models.timm.checkpoint import import_checkpoint
 
-    # An imported SwinV2 stores its shifted windows' masks as the kernels of non-trainable Dense layers.
-    model = import_checkpoint(Path(__file__).parent / "fixtures" / "timm" / "swinv2_wd").model
+    # An imported SwinV2 stores its shifted windows' masks, an EVA02 its rotary tables, as the kernels of
+    # non-trainable Dense layers.
+    model = import_checkpoint(Path(__file__).parent / "fixtures" / "timm" / fixture).model
     trained = [v.path for v in model.trainable_variables]
-    assert "swin_stage0_block1_mask/kernel" not in trained
+    assert constant not in trained and constant in [v.path for v in model.non_trainable_variables]
     lines = []
     freeze = BackboneFreeze(model, None, 1, echo=lines.append)
     freeze.at_epoch(0, 1)

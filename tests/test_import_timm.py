@@ -1,4 +1,4 @@
-"""import-model: timm checkpoints (ViT, ConvNeXt; WD v3 taggers) against timm's own outputs.
+"""import-model: timm checkpoints (ViT, EVA02, ConvNeXt, SwinV2; WD v3 taggers) against timm's own outputs.
 
 The fixtures under tests/fixtures/timm were made by make_fixtures.py there with timm and torch; these tests
 need neither.
@@ -124,7 +124,7 @@ _PLAIN = textwrap.dedent(
 @pytest.mark.slow
 def test_import_model_writes_a_plain_keras_model_with_its_tags(tmp_path):
     arguments = []
-    for name in ("vit_wd", "swinv2_wd", "convnext_wd"):
+    for name in ("vit_wd", "swinv2_wd", "convnext_wd", "eva02_wd"):
         # --save-path in a folder that does not exist yet: the folder is made.
         target = (tmp_path / "new" / "folder" if name == "convnext_wd" else tmp_path) / f"{name}.keras"
         result = run_cli("import-model", FIXTURES / name, "--output", target)
@@ -145,7 +145,7 @@ def test_import_model_writes_a_plain_keras_model_with_its_tags(tmp_path):
     env.pop("PYTHONPATH", None)
     subprocess.run([sys.executable, "-c", _PLAIN, *arguments], check=True, capture_output=True, env=env,
                    cwd=tmp_path)
-    for name in ("vit_wd", "swinv2_wd", "convnext_wd"):
+    for name in ("vit_wd", "swinv2_wd", "convnext_wd", "eva02_wd"):
         assert np.abs(np.load(tmp_path / f"{name}.npy") - timm_scores(FIXTURES / name)).max() < TOLERANCE
     again = run_cli("import-model", FIXTURES / "vit_wd", "--save-path", tmp_path / "vit_wd.keras")
     assert again.exit_code == 2 and "vit_wd.keras: already exists; use --overwrite" in again.output

@@ -144,7 +144,7 @@ def test_a_layer_no_family_places_is_refused_naming_the_network():
     model = _numbered_layers_model()
     with pytest.raises(ModelError, match="^layer_decay: cannot tell which stage or block of resnet_small layer "
                                          "'conv2d_7' belongs to; layer_decay knows the layers of the models "
-                                         r"deepdanbooru builds and import-model imports \(ViT, ConvNeXt, SwinV2\)$"):
+                                         r"deepdanbooru builds and import-model imports \(ViT, EVA02, ConvNeXt, SwinV2\)$"):
         layer_rate_factors(model, "resnet_small", DECAY)
     with pytest.raises(ModelError, match="^project.json: layer_decay: cannot tell which stage or block of "
                                          "--source-model old.keras layer 'conv2d_7'"):
@@ -170,7 +170,7 @@ def test_every_imported_network_gets_rates_from_its_own_layers(fixture):
                 if layer.trainable_weights]
     first, *_ = by_layer
     depth = round(np.log(first[0]) / np.log(DECAY)) - 1  # L: the stem learns at DECAY ** (L + 1)
-    assert depth == (2 if fixture.startswith("vit") else 4)
+    assert depth == (2 if fixture.startswith(("vit", "eva02")) else 4)
     # In build order (input to output) a layer never learns slower than one before it; the head at the full rate.
     rates = [factor if factor is not None else 1.0 for layer in by_layer for factor in layer]
     assert rates == sorted(rates) and rates[0] == DECAY ** (depth + 1)
@@ -252,7 +252,8 @@ def _files(directory: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("fixture, size, row", [("vit_wd", 32, "convnext_tiny"),
                                                 ("convnext_wd", 32, "vit_small_patch16"),
-                                                ("swinv2_wd", 48, "vit_small_patch16")])
+                                                ("swinv2_wd", 48, "vit_small_patch16"),
+                                                ("eva02_wd", 32, "convnext_tiny")])
 def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_dataset, fixture, size, row):
     from click.testing import CliRunner
 
@@ -282,8 +283,9 @@ def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_datase
         "convnext_wd": ("convnext_base_stem_conv", "convnext_base_stage_0_block_0_pointwise_conv_1",
                         "convnext_base_stage_3_block_0_pointwise_conv_1", "convnext_base_head_layernorm"),
         "swinv2_wd": ("swin_patch_embedding", "swin_stage0_block0_mlp1", "swin_stage3_block0_mlp1", "swin_norm"),
+        "eva02_wd": ("vit_patch_embedding", "vit_block0_mlp_gate", "vit_block1_attn_q", "vit_fc_norm"),
     }[fixture]
-    depth = 2 if fixture == "vit_wd" else 4
+    depth = 2 if fixture in ("vit_wd", "eva02_wd") else 4
     assert rates[stem] == pytest.approx(DECAY ** (depth + 1), rel=1e-2)
     assert rates[first] == pytest.approx(DECAY ** depth, rel=1e-2)
     assert rates[last] == pytest.approx(DECAY, rel=1e-2)
@@ -314,5 +316,5 @@ def test_a_refused_source_writes_nothing_into_the_project(tmp_path, sample_datas
     assert result.output.splitlines()[-1] == (
         f"error: {project / 'project.json'}: layer_decay: cannot tell which stage or block of --source-model "
         "old.keras (old_tagger) layer 'conv2d_7' belongs to; layer_decay knows the layers of the models "
-        "deepdanbooru builds and import-model imports (ViT, ConvNeXt, SwinV2)")
+        "deepdanbooru builds and import-model imports (ViT, EVA02, ConvNeXt, SwinV2)")
     assert _files(project) == before

@@ -159,7 +159,7 @@ def layer_rate_factors(model, name: str, layer_decay: float | None, source=None,
     """((variable, factor), ...) for layer-wise learning-rate decay (BEiT's and timm's fine-tuning rule).
 
     The stem, units and top come from the model's own layer names (`groups_of`), so a --source-model of
-    any family import-model builds (ViT, ConvNeXt, SwinV2) is placed whatever project.json's `model` says.
+    any family import-model builds (ViT, EVA02, ConvNeXt, SwinV2) is placed whatever project.json's `model` says.
     With L units (the ViT's blocks, a hierarchical network's stages, counted on the model), unit i (from 0)
     gets layer_decay ** (L - i), the stem (patch and position embeddings, tokens) layer_decay ** (L + 1), the
     top layers and the head 1. None: no factors. A layer no family places (a model not built by deepdanbooru
@@ -172,7 +172,7 @@ def layer_rate_factors(model, name: str, layer_decay: float | None, source=None,
     if unplaced is not None:
         message = (f"cannot tell which stage or block of {network or name} layer {unplaced!r} belongs to; "
                    f"layer_decay knows the layers of the models deepdanbooru builds and import-model imports "
-                   f"(ViT, ConvNeXt, SwinV2)")
+                   f"(ViT, EVA02, ConvNeXt, SwinV2)")
         raise ModelError(file_field(source, "layer_decay", message) if source else f"layer_decay: {message}")
     trunk = [(variable, groups.unit_of(layer.name)) for layer, variable in _owned_variables(model, head=False)
              if not groups.is_top(layer.name)]

@@ -373,7 +373,7 @@ KEYS: tuple[Key, ...] = (
         f"normalization parameters, layer scales and position tables; null: {DEFAULT_WEIGHT_DECAY}",
         "float or null", ">= 0", spec=False),
     Key("layer_decay", None, _optional_float(minimum=0.0, maximum=1.0, exclusive_minimum=True),
-        "layer-wise learning-rate decay for fine-tuning: with L blocks (vit) or stages (resnet, convnext, "
+        "layer-wise learning-rate decay for fine-tuning: with L blocks (vit, eva02) or stages (resnet, convnext, "
         "efficientnetv2, swinv2), counted on the model trained (a --source-model's own), block i from 0 learns "
         "at the rate times layer_decay ** (L - i), the stem at layer_decay ** (L + 1), the head at the rate "
         "itself (null: off)", "float or null", "0 < d <= 1",
@@ -414,8 +414,9 @@ KEYS: tuple[Key, ...] = (
         "train only the head (trunk frozen, its batch norm on moving statistics) for the first N epochs",
         "int", ">= 0", spec=False),
     Key("resample_positions", False, _bool,
-        "with a ViT timm checkpoint folder as --source-model whose input size is not image_width x image_height: "
-        "resample its position table bicubically to the project's token grid (false: refuse the size)",
+        "with a ViT or EVA02 timm checkpoint folder as --source-model whose input size is not image_width x "
+        "image_height: resample its position table bicubically to the project's token grid (EVA02's rotary "
+        "embedding is recomputed for it, as timm does) (false: refuse the size)",
         "bool", "true, false", spec=False),
     Key("padding", "border", _choice(PADDING_MODES),
         "what surrounds a picture that is not of the model's proportions, and what rotations and shifts uncover, "

@@ -22,6 +22,11 @@ from deepdanbooru.project import categories as cat
 from deepdanbooru.project.tags import load_tags
 
 
+# timm architecture prefixes whose checkpoints import at another input size (models.timm: the families with
+# `resized`).
+RESAMPLABLE = ("vit_", "eva02_")
+
+
 @dataclass(frozen=True)
 class SourceModel:
     path: Path
@@ -33,8 +38,9 @@ class SourceModel:
 
     @property
     def resamplable(self) -> bool:
-        """A ViT's position table can be resampled to another token grid; nothing else here resizes."""
-        return self.folder and self.architecture.startswith("vit_")
+        """A ViT's or EVA02's position table can be resampled to another token grid (EVA02's rotary tables are
+        recomputed for it); nothing else here resizes."""
+        return self.folder and self.architecture.startswith(RESAMPLABLE)
 
 
 def source_path(source) -> Path:
@@ -119,7 +125,7 @@ def in_project_spelling(source_tags, tags) -> tuple[str, ...]:
 
 
 def check_input_size(source: SourceModel, config) -> None:
-    """A folder's input size is the checkpoint's: project.json must ask for it, or for a ViT say
+    """A folder's input size is the checkpoint's: project.json must ask for it, or for a ViT or EVA02 say
     resample_positions."""
     if source.input_size is None or source.input_size == (config.image_height, config.image_width):
         return
@@ -127,9 +133,9 @@ def check_input_size(source: SourceModel, config) -> None:
         return
     height, width = source.input_size
     if source.resamplable:
-        hint = " (or set resample_positions true to resample the ViT's position table)"
+        hint = " (or set resample_positions true to resample the checkpoint's position table)"
     elif config.resample_positions:
-        hint = f" (resample_positions is for ViT checkpoints; {source.architecture} is not one)"
+        hint = f" (resample_positions is for ViT and EVA02 checkpoints; {source.architecture} is not one)"
     else:
         hint = ""
     raise ConfigError(file_field(config.config_path, "image_width/image_height", (

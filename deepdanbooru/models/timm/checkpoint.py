@@ -18,13 +18,13 @@ import keras
 import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.models.timm import convnext, parts, swinv2, vit
+from deepdanbooru.models.timm import convnext, eva02, parts, swinv2, vit
 from deepdanbooru.models.timm.safetensors import read_header, read_tensors
 from deepdanbooru.models.timm.source import CheckpointSource, class_names, read_source
 
 # architecture-name prefix -> family module
-FAMILIES = {"vit_": vit, "convnext_": convnext, "swinv2_": swinv2}
-SUPPORTED = f"{vit.SUPPORTED}, {convnext.SUPPORTED}, {swinv2.SUPPORTED}"
+FAMILIES = {"vit_": vit, "convnext_": convnext, "swinv2_": swinv2, "eva02_": eva02}
+SUPPORTED = ", ".join(family.SUPPORTED for family in FAMILIES.values())
 
 
 @dataclass(frozen=True)

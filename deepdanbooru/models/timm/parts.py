@@ -56,6 +56,12 @@ def parameter(ones, shape: tuple[int, ...], name: str):
     return layers.Reshape(tuple(shape), name=f"{name}_shape")(flat)
 
 
+def constant(ones, shape: tuple[int, ...], name: str):
+    """A fixed tensor of `shape` (set at import), repeated for every image: a non-trainable `parameter`."""
+    flat = layers.Dense(int(np.prod(shape)), use_bias=False, trainable=False, name=name)(ones)
+    return layers.Reshape(tuple(shape), name=f"{name}_shape")(flat)
+
+
 def activation(x, kind: str, name: str):
     if kind == "gelu":
         return layers.Activation("gelu", name=name)(x)

@@ -58,7 +58,7 @@ def _vit_weights(opts, tensors, model, name, architecture, source):
         _mismatch(source, "(embed_dim, depth, num_heads, patch_size, mlp width)", name,
                   (*have, opts.mlp_width), (*expected, 4 * expected[0]))
     out = vit.trunk_weights(opts, tensors)
-    out["vit_norm"] = vit._norm_weights(tensors, "fc_norm" if opts.fc_norm else "norm")
+    out["vit_norm"] = vit.norm_weights(tensors, "fc_norm" if opts.fc_norm else "norm")
     table = tensors["pos_embed"].reshape(opts.table_length, opts.width)
     patches = table if opts.no_embed_class else table[opts.prefix_tokens:]
     grid = tuple(int(d) for d in model.get_layer("vit_token_grid").output.shape[1:3])
@@ -88,7 +88,7 @@ def load_trunk(model: keras.Model, name: str, folder, channel_order: str | None 
     architecture = get_architecture(name)
     if family not in _REGISTRY_FAMILY:
         raise ModelError(file_field(source.config_path, "architecture",
-                                    f"a {source.architecture} checkpoint has no model in the registry to start "
+                                    f"the {source.architecture} checkpoint has no model in the registry to start "
                                     "(timm ViT and ConvNeXt trunks can; import-model takes it whole)"))
     if architecture.family != _REGISTRY_FAMILY[family]:
         raise ModelError(file_field(source.config_path, "architecture",

@@ -39,22 +39,15 @@ _KNOWN = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_rati
 
 
 @dataclass(frozen=True)
-class ViTOptions:
+class TokenLayout:
+    """The shape of a ViT-like network (ViT, EVA02): its blocks, and its token sequence (the subclass's
+    class_token, reg_tokens and no_embed_class: prefix tokens, then the patch grid)."""
+
     img_size: tuple[int, int]
     patch: int
     width: int
     depth: int
     heads: int
-    mlp_width: int
-    qkv_bias: bool
-    layer_scale: bool
-    class_token: bool
-    reg_tokens: int
-    no_embed_class: bool
-    pool: str
-    fc_norm: bool  # the final norm runs after pooling (else before it, on every token)
-    act: str
-    num_classes: int
 
     @property
     def prefix_tokens(self) -> int:
@@ -73,13 +66,41 @@ class ViTOptions:
         return self.patches if self.no_embed_class else self.patches + self.prefix_tokens
 
 
-def _pair(value, field, path):
+@dataclass(frozen=True)
+class ViTOptions(TokenLayout):
+    mlp_width: int
+    qkv_bias: bool
+    layer_scale: bool
+    class_token: bool
+    reg_tokens: int
+    no_embed_class: bool
+    pool: str
+    fc_norm: bool  # the final norm runs after pooling (else before it, on every token)
+    act: str
+    num_classes: int
+
+
+def pair(value, field, path):
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value, value
     if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
         return tuple(value)
     raise ModelError(file_field(path, f"model_args.{field}", f"must be a positive integer or [height, width], "
                                                               f"got {value!r}"))
+
+
+def pooling_and_patches(args: dict, pools, path) -> tuple[str, tuple[int, int], int]:
+    """(global_pool, img_size, patch_size) of merged model_args, checked: a pooling of `pools` (token needs the
+    class token), patches that tile the image."""
+    pool = args["global_pool"]
+    if pool not in pools:
+        parts.fail(path, "global_pool", f"{pool!r} is not supported (supported: {', '.join(pools)})")
+    if pool == "token" and not args["class_token"]:
+        parts.fail(path, "global_pool", "token pooling needs class_token true")
+    img_size, patch = pair(args["img_size"], "img_size", path), args["patch_size"]
+    if not isinstance(patch, int) or patch <= 0 or img_size[0] % patch or img_size[1] % patch:
+        parts.fail(path, "patch_size", f"{patch!r} must be a positive integer dividing img_size {list(img_size)}")
+    return pool, img_size, patch
 
 
 def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTOptions:
@@ -97,15 +118,8 @@ def options(architecture: str, model_args: dict, num_classes: int, path) -> ViTO
 
     if not args["final_norm"]:
         fail("final_norm", "false is not supported")
-    pool = args["global_pool"]
-    if pool not in POOLS:
-        fail("global_pool", f"{pool!r} is not supported (supported: {', '.join(POOLS)})")
-    if pool == "token" and not args["class_token"]:
-        fail("global_pool", "token pooling needs class_token true")
+    pool, img_size, patch = pooling_and_patches(args, POOLS, path)
     act = args["act_layer"]
-    img_size, patch = _pair(args["img_size"], "img_size", path), args["patch_size"]
-    if not isinstance(patch, int) or patch <= 0 or img_size[0] % patch or img_size[1] % patch:
-        fail("patch_size", f"{patch!r} must be a positive integer dividing img_size {list(img_size)}")
     width, heads = args["embed_dim"], args["num_heads"]
     if width % heads:
         fail("num_heads", f"{heads} does not divide embed_dim {width}")
@@ -148,9 +162,9 @@ def _attention(opts: ViTOptions, name: str):
     return layers.MultiHeadAttention(opts.heads, opts.width // opts.heads, name=name)
 
 
-def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
-    image = keras.Input(shape=(*(size or opts.img_size), 3), name="image")
-    ones = parts.ones_like_batch(image)
+def embed(image, ones, opts, position_table: bool = True):
+    """Patch tokens with the prefix tokens (class, registers) in front and the learned position table added
+    (over prefix and patches, or patches only with no_embed_class): (batch, prefix + patches, width)."""
     x = layers.Conv2D(opts.width, opts.patch, strides=opts.patch, padding="valid", name="vit_patch_embedding")(image)
     x = layers.Reshape((opts.patches, opts.width), name="vit_tokens")(x)
     prefix = []
@@ -158,13 +172,31 @@ def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
         prefix.append(parts.parameter(ones, (1, opts.width), "vit_class_token"))
     if opts.reg_tokens:
         prefix.append(parts.parameter(ones, (opts.reg_tokens, opts.width), "vit_register_tokens"))
-    table = parts.parameter(ones, (opts.table_length, opts.width), "vit_position_embedding")
-    if opts.no_embed_class:
+    table = parts.parameter(ones, (opts.table_length, opts.width), "vit_position_embedding") if position_table \
+        else None
+    if table is not None and opts.no_embed_class:
         x = layers.Add(name="vit_embedded")([x, table])
     if prefix:
         x = layers.Concatenate(axis=1, name="vit_with_prefix")([*prefix, x])
-    if not opts.no_embed_class:
+    if table is not None and not opts.no_embed_class:
         x = layers.Add(name="vit_embedded")([x, table])
+    return x
+
+
+def pool(x, opts):
+    """The class token (pool token) or the mean of the patch tokens (avg): (batch, width)."""
+    if opts.pool == "token":
+        x = layers.Cropping1D((0, opts.patches + opts.prefix_tokens - 1), name="vit_class_output")(x)
+        return layers.Reshape((opts.width,), name="vit_pooled")(x)
+    if opts.prefix_tokens:
+        x = layers.Cropping1D((opts.prefix_tokens, 0), name="vit_patch_tokens")(x)
+    return layers.GlobalAveragePooling1D(name="vit_pooled")(x)
+
+
+def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
+    image = keras.Input(shape=(*(size or opts.img_size), 3), name="image")
+    ones = parts.ones_like_batch(image)
+    x = embed(image, ones, opts)
     for index in range(opts.depth):
         block = f"vit_block{index}"
         y = _norm(f"{block}_norm1")(x)
@@ -174,29 +206,30 @@ def build(opts: ViTOptions, name: str, size=None) -> keras.Model:
         x = layers.Add(name=f"{block}_add2")([x, y])
     if not opts.fc_norm:
         x = _norm("vit_norm")(x)
-    if opts.pool == "token":
-        x = layers.Cropping1D((0, opts.patches + opts.prefix_tokens - 1), name="vit_class_output")(x)
-        x = layers.Reshape((opts.width,), name="vit_pooled")(x)
+    if opts.pool != "map":
+        x = pool(x, opts)
     else:
         if opts.prefix_tokens:
             x = layers.Cropping1D((opts.prefix_tokens, 0), name="vit_patch_tokens")(x)
-        if opts.pool == "avg":
-            x = layers.GlobalAveragePooling1D(name="vit_pooled")(x)
-        else:
-            latent = parts.parameter(ones, (1, opts.width), "vit_map_latent")
-            y = _attention(opts, "vit_map_attention")(latent, x)
-            y = layers.Add(name="vit_map_add")([y, _mlp(_norm("vit_map_norm")(y), opts, "vit_map_mlp")])
-            x = layers.Reshape((opts.width,), name="vit_pooled")(y)
+        latent = parts.parameter(ones, (1, opts.width), "vit_map_latent")
+        y = _attention(opts, "vit_map_attention")(latent, x)
+        y = layers.Add(name="vit_map_add")([y, _mlp(_norm("vit_map_norm")(y), opts, "vit_map_mlp")])
+        x = layers.Reshape((opts.width,), name="vit_pooled")(y)
+    return head(image, x, opts, name)
+
+
+def head(image, pooled, opts, name: str) -> keras.Model:
+    """The model from the pooled features: fc_norm when the options say so, the head, float32 sigmoid scores."""
     if opts.fc_norm:
-        x = _norm("vit_fc_norm")(x)
-    x = layers.Dense(opts.num_classes, name="head_dense")(x)
+        pooled = _norm("vit_fc_norm")(pooled)
+    x = layers.Dense(opts.num_classes, name="head_dense")(pooled)
     outputs = layers.Activation("sigmoid", dtype="float32", name="output")(x)
     return keras.Model(image, outputs, name=name)
 
 
 # --- the weight table ---
 
-def _norm_tensors(prefix, width):
+def norm_tensors(prefix, width):
     return {f"{prefix}.weight": (width,), f"{prefix}.bias": (width,)}
 
 
@@ -205,39 +238,59 @@ def _mlp_tensors(prefix, opts):
             f"{prefix}.fc2.weight": (opts.width, opts.mlp_width), f"{prefix}.fc2.bias": (opts.width,)}
 
 
-def expected_tensors(opts: ViTOptions, head: bool = True) -> dict[str, tuple[int, ...]]:
-    """Every tensor the checkpoint must hold, with its shape."""
+def embedding_tensors(opts, position_table: bool = True) -> dict[str, tuple[int, ...]]:
+    """The patch embedding, the prefix tokens and the position table (`embed`'s weights) in the checkpoint."""
     w = opts.width
-    out = {"patch_embed.proj.weight": (w, 3, opts.patch, opts.patch), "patch_embed.proj.bias": (w,),
-           "pos_embed": (1, opts.table_length, w)}
+    out = {"patch_embed.proj.weight": (w, 3, opts.patch, opts.patch), "patch_embed.proj.bias": (w,)}
+    if position_table:
+        out["pos_embed"] = (1, opts.table_length, w)
     if opts.class_token:
         out["cls_token"] = (1, 1, w)
     if opts.reg_tokens:
         out["reg_token"] = (1, opts.reg_tokens, w)
+    return out
+
+
+def embedding_weights(opts, t: dict, fold) -> dict[str, list[np.ndarray]]:
+    """`embed`'s layers from the checkpoint; `fold(kernel, bias)` adapts the patch embedding."""
+    out = {"vit_patch_embedding": list(fold(*patch_kernel(t)))}
+    if "pos_embed" in t:
+        out["vit_position_embedding"] = [t["pos_embed"].reshape(1, -1)]
+    if opts.class_token:
+        out["vit_class_token"] = [t["cls_token"].reshape(1, -1)]
+    if opts.reg_tokens:
+        out["vit_register_tokens"] = [t["reg_token"].reshape(1, -1)]
+    return out
+
+
+def expected_tensors(opts: ViTOptions, head: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor the checkpoint must hold, with its shape."""
+    w = opts.width
+    out = embedding_tensors(opts)
     for index in range(opts.depth):
         block = f"blocks.{index}"
-        out.update(_norm_tensors(f"{block}.norm1", w))
+        out.update(norm_tensors(f"{block}.norm1", w))
         out[f"{block}.attn.qkv.weight"] = (3 * w, w)
         if opts.qkv_bias:
             out[f"{block}.attn.qkv.bias"] = (3 * w,)
         out.update({f"{block}.attn.proj.weight": (w, w), f"{block}.attn.proj.bias": (w,)})
-        out.update(_norm_tensors(f"{block}.norm2", w))
+        out.update(norm_tensors(f"{block}.norm2", w))
         out.update(_mlp_tensors(f"{block}.mlp", opts))
         if opts.layer_scale:
             out.update({f"{block}.ls1.gamma": (w,), f"{block}.ls2.gamma": (w,)})
-    out.update(_norm_tensors("fc_norm" if opts.fc_norm else "norm", w))
+    out.update(norm_tensors("fc_norm" if opts.fc_norm else "norm", w))
     if opts.pool == "map":
         out.update({"attn_pool.latent": (1, 1, w), "attn_pool.q.weight": (w, w), "attn_pool.q.bias": (w,),
                     "attn_pool.kv.weight": (2 * w, w), "attn_pool.kv.bias": (2 * w,),
                     "attn_pool.proj.weight": (w, w), "attn_pool.proj.bias": (w,)})
-        out.update(_norm_tensors("attn_pool.norm", w))
+        out.update(norm_tensors("attn_pool.norm", w))
         out.update(_mlp_tensors("attn_pool.mlp", opts))
     if head:
         out.update({"head.weight": (opts.num_classes, w), "head.bias": (opts.num_classes,)})
     return out
 
 
-def _norm_weights(t, prefix):
+def norm_weights(t, prefix):
     return [t[f"{prefix}.weight"], t[f"{prefix}.bias"]]
 
 
@@ -269,10 +322,10 @@ def trunk_weights(opts: ViTOptions, t: dict) -> dict[str, list[np.ndarray]]:
         ls1 = t[f"{block}.ls1.gamma"] if opts.layer_scale else None
         ls2 = t[f"{block}.ls2.gamma"] if opts.layer_scale else None
         pieces = [(qkv[i * w:(i + 1) * w], qkv_bias[i * w:(i + 1) * w]) for i in range(3)]
-        out[f"{name}_norm1"] = _norm_weights(t, f"{block}.norm1")
+        out[f"{name}_norm1"] = norm_weights(t, f"{block}.norm1")
         out[f"{name}_attention"] = attention_weights(opts, *pieces, t[f"{block}.attn.proj.weight"],
                                                      t[f"{block}.attn.proj.bias"], ls1)
-        out[f"{name}_norm2"] = _norm_weights(t, f"{block}.norm2")
+        out[f"{name}_norm2"] = norm_weights(t, f"{block}.norm2")
         out[f"{name}_mlp1"] = _dense(t[f"{block}.mlp.fc1.weight"], t[f"{block}.mlp.fc1.bias"])
         out[f"{name}_mlp2"] = _dense(t[f"{block}.mlp.fc2.weight"], t[f"{block}.mlp.fc2.bias"], ls2)
     return out
@@ -285,21 +338,16 @@ def patch_kernel(t: dict) -> tuple[np.ndarray, np.ndarray]:
 def layer_weights(opts: ViTOptions, t: dict, fold, name: str = "") -> dict[str, list[np.ndarray]]:
     """Layer name -> weights for the whole imported model; `fold(kernel, bias)` adapts the patch embedding."""
     w = opts.width
-    out = {"vit_patch_embedding": list(fold(*patch_kernel(t))),
-           "vit_position_embedding": [t["pos_embed"].reshape(1, -1)]}
-    if opts.class_token:
-        out["vit_class_token"] = [t["cls_token"].reshape(1, -1)]
-    if opts.reg_tokens:
-        out["vit_register_tokens"] = [t["reg_token"].reshape(1, -1)]
+    out = embedding_weights(opts, t, fold)
     out.update(trunk_weights(opts, t))
-    out["vit_fc_norm" if opts.fc_norm else "vit_norm"] = _norm_weights(t, "fc_norm" if opts.fc_norm else "norm")
+    out["vit_fc_norm" if opts.fc_norm else "vit_norm"] = norm_weights(t, "fc_norm" if opts.fc_norm else "norm")
     if opts.pool == "map":
         kv, kv_bias = t["attn_pool.kv.weight"], t["attn_pool.kv.bias"]
         out["vit_map_latent"] = [t["attn_pool.latent"].reshape(1, -1)]
         out["vit_map_attention"] = attention_weights(
             opts, (t["attn_pool.q.weight"], t["attn_pool.q.bias"]), (kv[:w], kv_bias[:w]), (kv[w:], kv_bias[w:]),
             t["attn_pool.proj.weight"], t["attn_pool.proj.bias"])
-        out["vit_map_norm"] = _norm_weights(t, "attn_pool.norm")
+        out["vit_map_norm"] = norm_weights(t, "attn_pool.norm")
         out["vit_map_mlp1"] = _dense(t["attn_pool.mlp.fc1.weight"], t["attn_pool.mlp.fc1.bias"])
         out["vit_map_mlp2"] = _dense(t["attn_pool.mlp.fc2.weight"], t["attn_pool.mlp.fc2.bias"])
     out["head_dense"] = _dense(t["head.weight"], t["head.bias"])

@@ -225,6 +225,26 @@ class ValidationMetrics:
             "per_tag": {**per_tag, "tp": tp.copy(), "fp": fp.copy(), "fn": fn.copy()},
         }
 
+    def tag_curves(self, step: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(thresholds, precision, recall): each tag's curve at every `step`-th bin edge (exact counts there),
+        [points] and [n_tags, points] float32; a tag without positives has recall 0 and precision 0 throughout."""
+        if step < 1:
+            raise ValueError(f"step must be >= 1, got {step}")
+        picked = np.arange(0, self.bins + 1, step)
+        if picked[-1] != self.bins:
+            picked = np.append(picked, self.bins)
+        precision = np.empty((self.n_tags, picked.size), dtype=np.float32)
+        recall = np.empty_like(precision)
+        chunk = max(1, _RESULT_CHUNK_ELEMENTS // (self.bins + 1))
+        for start in range(0, self.n_tags, chunk):
+            stop = min(self.n_tags, start + chunk)
+            tp = _tails(self._histogram[1, start:stop].astype(np.int64))
+            fp = _tails(self._histogram[0, start:stop].astype(np.int64))
+            support = tp[:, :1]
+            precision[start:stop] = ratios(tp[:, picked], tp[:, picked] + fp[:, picked])
+            recall[start:stop] = ratios(tp[:, picked], support)
+        return self._edges[picked].astype(np.float32), precision, recall
+
     def _global_threshold_index(self):
         """Bin edge maximising pooled micro-F1 and its (tp, fp, fn); None without positives."""
         positives = _tails(self._histogram[1].sum(axis=0, dtype=np.int64))

@@ -134,13 +134,15 @@ def make_report(project_path, *, model_path=None, output=None, batch_size=32, al
     charts.require_matplotlib()
     files = read_run_files(config.project_dir, config.model)
     train, validation = _split(config)
+
+    from deepdanbooru.report.score import load_checked, score_split
+
+    model = load_checked(config, model_file, tags, tags_path, allow_gpu)
+    # Once the model is known to fit, so that a model that does not gets its one error line alone.
     echo(f"Model: {model_file} ({kind})")
-
-    from deepdanbooru.report.score import score_split
-
     categories = tag_categories(tags, config.project_dir)
-    scored = score_split(config, model_file, tags, tags_path, validation, category_indices(categories),
-                         batch_size=batch_size, allow_gpu=allow_gpu, echo_err=echo_err)
+    scored = score_split(config, model, model_file, tags, validation, category_indices(categories),
+                         batch_size=batch_size, echo_err=echo_err)
     result = scored.metrics.result()
     thresholds, precision, recall = scored.metrics.tag_curves(tables.CURVE_STEP)
     source_ap = (files.source_ap or {}).get("ap") if isinstance((files.source_ap or {}).get("ap"), dict) else None

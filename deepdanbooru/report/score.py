@@ -22,19 +22,27 @@ class Scored:
     seconds: float = 0.0
 
 
-def score_split(config, model_file: Path, tags, tags_path: Path, records, categories: dict, *, batch_size=32,
-                allow_gpu=False, stream=None, echo_err=print) -> Scored:
+def load_checked(config, model_file: Path, tags, tags_path: Path, allow_gpu=False):
+    """The model, refused with one line when its outputs do not match tags.txt or its input is unusable."""
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
+
+    configure_devices(allow_gpu)
+    model = load_model_file(model_file)
+    check_output_width(model, model_file, tags, tags_path)
+    model_input_size(model, model_file, config)
+    return model
+
+
+def score_split(config, model, model_file: Path, tags, records, categories: dict, *, batch_size=32, stream=None,
+                echo_err=print) -> Scored:
+    from deepdanbooru.inference.predict import model_input_size
     from deepdanbooru.models.losses import project_loss
     from deepdanbooru.pipeline import Fill, diagnose, inference_dataset
     from deepdanbooru.pipeline.gaps import PositionGaps
     from deepdanbooru.scoring.metrics import ValidationMetrics
     from deepdanbooru.scoring.scorer import BatchScorer
 
-    configure_devices(allow_gpu)
-    model = load_model_file(model_file)
-    check_output_width(model, model_file, tags, tags_path)
     height, width = model_input_size(model, model_file, config)
     paths = records.paths()
     dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size,

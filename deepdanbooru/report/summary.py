@@ -123,7 +123,10 @@ def figure_rows(result: dict) -> list[tuple[str, str, str]]:
         ("macro-F1", f"{result['macro_f1']:.4f}", f"{tags}, each at the working threshold {result['threshold']:g}"),
         ("calibrated macro-F1", f"{result['calibrated_macro_f1']:.4f}",
          f"{tags}: {calibrated:,} at their own F1-best threshold (at least {result['min_support']} positives), "
-         f"{rest:,} at the global threshold {result['global_threshold']:g}, as the *.thresholds.csv gives them"),
+         f"{rest:,} at the global threshold {result['global_threshold']:g}, as the *.thresholds.csv gives them. "
+         f"The calibrated tags: {result['calibrated_tags_f1']:.4f} (at {result['threshold']:g}: "
+         f"{result['calibrated_tags_f1_at_threshold']:.4f}); the others: {result['fallback_tags_f1']:.4f} "
+         f"(at {result['threshold']:g}: {result['fallback_tags_f1_at_threshold']:.4f})"),
         ("macro-F1 at P=R", f"{result['pr_f1']:.4f}",
          f"{tags}, all at the one threshold {result['pr_threshold']:g} where macro precision equals macro recall"),
         ("micro-F1", f"{result['micro_f1']:.4f}", f"every (picture, tag) pair at {result['threshold']:g}"),

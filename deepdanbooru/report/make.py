@@ -77,11 +77,11 @@ def _split(config):
 def _output(config, output) -> Path:
     page = Path(output) if output is not None else config.project_dir / REPORT_FILE
     if page.suffix.lower() not in (".html", ".htm"):
-        raise UserError(f"--output {page}: must end in .html")
+        raise UserError(f"--save-path {page}: must end in .html")
     if not page.parent.is_dir():
-        raise UserError(f"--output {page}: folder {page.parent} not found")
+        raise UserError(f"--save-path {page}: folder {page.parent} not found")
     if page.is_dir():
-        raise UserError(f"--output {page}: is a folder")
+        raise UserError(f"--save-path {page}: is a folder")
     return page
 
 

@@ -64,6 +64,11 @@ def write_run(project, n_tags):
     (logs / "history.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"kind": "tra')
     (project / "model-resnet_small.best.json").write_text(json.dumps(
         {"metric": "macro_f1", "value": 0.2, "used_minibatch": 8, "used_epoch": 2}))
+    # A fine-tune's files: the source knew the first 10 tags (and one tags.txt lacks) and measured its AP on them.
+    tags = (project / "tags.txt").read_text().split()
+    (logs / "vocabulary.txt").write_text("# source.keras\n" + "".join(
+        f"{'kept' if index < 10 else 'new'}\t{tag}\n" for index, tag in enumerate(tags)) + "dropped\told_tag\n")
+    (logs / "source_tag_ap.json").write_text(json.dumps({"ap": {tag: 0.5 for tag in tags[:10]} | {tags[0]: None}}))
     (project / "checkpoints").mkdir()
     (project / "checkpoints" / "state.json").write_text(json.dumps(
         {"used_epoch": 2, "used_minibatch": 8, "epoch_count": 2, "complete": True, "source": None,
@@ -164,6 +169,10 @@ def test_report_writes_the_page_with_the_figures_evaluate_project_measures(proje
         assert (project / picture["thumb"]).is_file()
     assert {path.name for path in folder.iterdir()} == {f"{p['id']}.jpg" for p in data["pictures"]}
     assert not re.search(r"""(src|href)=["']?https?:""", text)
+    # The source model's AP beside the fine-tune's, for the tags it measured; the grown vocabulary's groups.
+    assert data["tags"]["source_ap"] == [None] + [0.5] * 9 + [None] * (len(tags) - 10)
+    assert data["vocabulary"] == {"kept": list(range(10)), "new": list(range(10, len(tags))), "dropped": ["old_tag"]}
+    assert "Grown vocabulary" in text and "10 tags kept" in text
     # The same figures as evaluate-project --metrics on the same model.
     measured = run_cli("evaluate-project", project, "--metrics", "--model-path", project / MODEL, "--format", "json")
     metrics = json.loads(measured.output.strip().splitlines()[-1])["metrics"]

@@ -52,6 +52,8 @@ def test_the_page_in_a_browser(page, tmp_path):
         assert view.locator(".charts svg").count() == 3
         assert view.locator("#gallery .card").count() > 0
         assert view.locator("#gallery .tag.fp, #gallery .tag.fn").count() > 0
+        assert view.locator("#vocabulary-new tr").count() == len(row_names(view)) - 10  # the new tags
+        assert view.locator('#tag-table th[data-key="source_ap"]').count() == 1
         assert not blank(view.screenshot(full_page=True, path=tmp_path / "page.png"))
 
         # Sorting: by validation posts (descending) first; a click on "tag" sorts by name, again reverses it.

@@ -437,3 +437,10 @@ def test_calibrated_macro_f1_below_macro_f1_is_the_rare_tags_at_the_global_thres
     for whole, own, at_threshold in (("calibrated_macro_f1", "calibrated_tags_f1", "fallback_tags_f1"),
                                      ("macro_f1", "calibrated_tags_f1_at_threshold", "fallback_tags_f1_at_threshold")):
         assert result[whole] == pytest.approx((1 * result[own] + 9 * result[at_threshold]) / 10)
+    # evaluate-project --metrics names the tags and thresholds of each macro figure under them.
+    from deepdanbooru.inference.project_metrics import coverage_lines
+
+    lines = coverage_lines(scalar_metrics(result))
+    assert lines[0] == "macro_f1, map: the 10 tags with a positive in the split, macro_f1 each at 0.5"
+    assert lines[1].startswith("calibrated_macro_f1: the same 10: 1 at their own threshold (>= 10 positives; ")
+    assert f"9 at global_threshold {result['global_threshold']:g} (fallback_tags_f1 " in lines[1]

@@ -23,7 +23,8 @@ its last validation within the budget, i.e. of the weights it would leave
 behind. Printed side by side with the ratio to DeepDanbooru's recipe and to
 the best ResNet recipe; written to OUT/quality.json, OUT/quality.md (the
 table for docs/quality.md), OUT/<recipe>.png (its learning curve) and
-OUT/curves.png and OUT/curves-map.png (all of them: macro-F1, mAP).
+OUT/curves.png and OUT/curves-map.png (all of them: macro-F1, mAP), drawn
+by matplotlib (pip install -e ".[report]").
 
 A recipe is a set of project.json overrides (RECIPES below). One the
 installed deepdanbooru does not understand (an unknown key, a model or loss

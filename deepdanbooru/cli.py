@@ -647,6 +647,31 @@ def export_bundle(project_path, save_path, model_path, split, start_id, end_id, 
            size=size, overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
 
 
+@main.command("report")
+@click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
+@click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
+              help="The model to report on [default: the project's best export, else the model evaluate-project "
+                   "uses].")
+@alias("--model", "model_path", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--save-path", type=click.Path(dir_okay=False, path_type=str),
+              help="The page to write [default: PROJECT_PATH/report.html]; its thumbnails go in the folder beside "
+                   "it named after it (report_files/).")
+@alias("--output", "save_path", type=click.Path(dir_okay=False, path_type=str))
+@_ALLOW_GPU
+@_BATCH_SIZE
+def report(project_path, model_path, save_path, allow_gpu, batch_size):
+    """Write one HTML page of what PROJECT_PATH's tagger learned: the run, its curves, every tag's figures,
+    precision-recall curve and worst pictures, and the validation pictures it gets most wrong.
+
+    Scores the validation split once. The page opens from disk with no network (docs/evaluation.md).
+    Needs the report extra: pip install 'deepdanbooru[report]'.
+    """
+    from deepdanbooru.report.make import make_report
+
+    make_report(project_path, model_path=model_path, output=save_path, batch_size=batch_size, allow_gpu=allow_gpu,
+                echo=click.echo)
+
+
 @main.command("data-service")
 @click.argument("role", type=click.Choice(["dispatcher", "worker"]))
 @click.option("--port", type=click.IntRange(0, 65535), default=None,

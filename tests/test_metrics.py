@@ -407,3 +407,40 @@ def test_equal_point_bisection():
     assert equal_point(np.full(11, 0.44), recall) == 6  # 0.4 is nearer 0.44 than 0.5 is
     assert equal_point(np.ones(11), recall) == 0  # precision already at recall at threshold 0
     assert equal_point(np.zeros(11), recall + 1) == 10  # never meets: the top of the range
+
+
+def test_calibrated_macro_f1_below_macro_f1_is_the_rare_tags_at_the_global_threshold():
+    # One frequent tag scores low (positives 0.15, negatives 0.05): the global threshold follows it down.
+    # Nine rare tags (3 positives each, under min_support) score their positives 0.7 and a few negatives
+    # 0.25: right at 0.5, wrong at the low global threshold. This is a fine-tune with few calibrated tags.
+    samples, tags = 200, 10
+    scores = np.full((samples, tags), 0.05)
+    labels = np.zeros((samples, tags))
+    labels[:100, 0] = 1
+    scores[:, 0] = np.where(labels[:, 0] == 1, 0.15, 0.05)
+    for tag in range(1, tags):
+        rows = np.arange(tag * 10, tag * 10 + 3)
+        labels[rows, tag] = 1
+        scores[rows, tag] = 0.7
+        scores[tag * 10 + 3: tag * 10 + 9, tag] = 0.25
+    metrics = ValidationMetrics(tags, threshold=0.5, bins=100, min_support=10)
+    metrics.update(scores, labels)
+    result = metrics.result()
+    assert result["calibrated_tags"] == 1 and result["fallback_tags"] == 9
+    assert result["global_threshold"] < 0.25
+    assert result["calibrated_macro_f1"] < result["macro_f1"]
+    # The split says why: calibration never lowers a calibrated tag's F1 on the split it was fitted on ...
+    assert result["calibrated_tags_f1"] >= result["calibrated_tags_f1_at_threshold"]
+    # ... the rare tags at the global threshold are what fall.
+    assert result["fallback_tags_f1"] < result["fallback_tags_f1_at_threshold"] == 1.0
+    # Both averages are over the same tags, the weighted means of their parts.
+    for whole, own, at_threshold in (("calibrated_macro_f1", "calibrated_tags_f1", "fallback_tags_f1"),
+                                     ("macro_f1", "calibrated_tags_f1_at_threshold", "fallback_tags_f1_at_threshold")):
+        assert result[whole] == pytest.approx((1 * result[own] + 9 * result[at_threshold]) / 10)
+    # evaluate-project --metrics names the tags and thresholds of each macro figure under them.
+    from deepdanbooru.inference.project_metrics import coverage_lines
+
+    lines = coverage_lines(scalar_metrics(result))
+    assert lines[0] == "macro_f1, map: the 10 tags with a positive in the split, macro_f1 each at 0.5"
+    assert lines[1].startswith("calibrated_macro_f1: the same 10: 1 at their own threshold (>= 10 positives; ")
+    assert f"9 at global_threshold {result['global_threshold']:g} (fallback_tags_f1 " in lines[1]

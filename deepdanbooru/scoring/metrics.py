@@ -221,9 +221,30 @@ class ValidationMetrics:
             "global_threshold_f1": float(f1_scores(*global_counts)),
             "calibrated_tags": int(per_tag["calibrated"].sum()),
             "calibrated_macro_f1": macro(per_tag["f1"]),
+            **_calibration_parts(per_tag, f1, has_positives),
             **published.result(),
             "per_tag": {**per_tag, "tp": tp.copy(), "fp": fp.copy(), "fn": fn.copy()},
         }
+
+    def tag_curves(self, step: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(thresholds, precision, recall): each tag's curve at every `step`-th bin edge (exact counts there),
+        [points] and [n_tags, points] float32; a tag without positives has recall 0 and precision 0 throughout."""
+        if step < 1:
+            raise ValueError(f"step must be >= 1, got {step}")
+        picked = np.arange(0, self.bins + 1, step)
+        if picked[-1] != self.bins:
+            picked = np.append(picked, self.bins)
+        precision = np.empty((self.n_tags, picked.size), dtype=np.float32)
+        recall = np.empty_like(precision)
+        chunk = max(1, _RESULT_CHUNK_ELEMENTS // (self.bins + 1))
+        for start in range(0, self.n_tags, chunk):
+            stop = min(self.n_tags, start + chunk)
+            tp = _tails(self._histogram[1, start:stop].astype(np.int64))
+            fp = _tails(self._histogram[0, start:stop].astype(np.int64))
+            support = tp[:, :1]
+            precision[start:stop] = ratios(tp[:, picked], tp[:, picked] + fp[:, picked])
+            recall[start:stop] = ratios(tp[:, picked], support)
+        return self._edges[picked].astype(np.float32), precision, recall
 
     def _global_threshold_index(self):
         """Bin edge maximising pooled micro-F1 and its (tp, fp, fn); None without positives."""
@@ -336,6 +357,26 @@ class _PublishedFigures:
                 f"{prefix}macro_mcc_040": float(self.mcc[row]) / tags if tags else 0.0,
             })
         return out
+
+
+def _calibration_parts(per_tag: dict, f1_at_threshold: np.ndarray, has_positives: np.ndarray) -> dict:
+    """calibrated_macro_f1 and macro_f1 average over the same tags (those with a positive), but a tag with
+    fewer than min_support positives is not calibrated: it gets the global threshold, which frequent tags
+    decide. Where most tags are that rare, calibrated_macro_f1 can fall below macro_f1. These figures split
+    both averages into the two groups, each at the threshold the CSV gives and at the working threshold."""
+    calibrated = per_tag["calibrated"] & has_positives
+    fallback = has_positives & ~per_tag["calibrated"]
+
+    def mean(values, mask):
+        return float(values[mask].mean()) if mask.any() else 0.0
+
+    return {
+        "fallback_tags": int(fallback.sum()),
+        "calibrated_tags_f1": mean(per_tag["f1"], calibrated),
+        "calibrated_tags_f1_at_threshold": mean(f1_at_threshold, calibrated),
+        "fallback_tags_f1": mean(per_tag["f1"], fallback),
+        "fallback_tags_f1_at_threshold": mean(f1_at_threshold, fallback),
+    }
 
 
 def scalar_metrics(result: dict) -> dict:

@@ -1,0 +1,133 @@
+"""The run in rows of text, and which tags each headline figure covers (standard library only)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from deepdanbooru.project.config import KEYS, PROJECT_FILE
+
+# A pause between two history lines longer than this, beyond the training and validation they account for,
+# is drawn as a stop: the run was stopped and resumed (or the machine was busy elsewhere).
+STOP_SECONDS = 60.0
+
+
+def stops(history: list[dict]) -> list[tuple[int, float]]:
+    """(step, seconds paused) where the time between consecutive lines exceeds what they account for by
+    more than STOP_SECONDS: a train line accounts for its records at its samples_per_second, a validation
+    line for its own seconds."""
+    found = []
+    for before, after in zip(history, history[1:]):
+        try:
+            elapsed = float(after["time"]) - float(before["time"])
+            step = int(after["used_minibatch"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if after.get("kind") == "validation":
+            accounted = float(after.get("seconds") or 0.0)
+        else:
+            rate = after.get("samples_per_second") or 0
+            samples = (after.get("used_sample") or 0) - (before.get("used_sample") or 0)
+            accounted = samples / rate if rate and samples > 0 else 0.0
+        if elapsed - accounted > STOP_SECONDS:
+            found.append((step, elapsed - accounted))
+    return found
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def changed_keys(project_dir: Path) -> list[tuple[str, object, object]]:
+    """(key, value, default) for each project.json key set to other than its default, in the key table's order."""
+    try:
+        raw = json.loads((Path(project_dir) / PROJECT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for key in KEYS:
+        if key.name in raw and raw[key.name] != _plain(key.default):
+            out.append((key.name, raw[key.name], _plain(key.default)))
+    return out
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _figure(metrics: dict | None, name: str) -> str:
+    value = (metrics or {}).get(name)
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def run_rows(config, files, model_kind: str, model_file: Path, split: dict) -> list[tuple[str, str]]:
+    """The run section: (label, text) rows."""
+    rows = [("Model", f"{config.model}, {config.image_width}x{config.image_height}"),
+            ("Reported model", f"{model_file.name} ({model_kind})")]
+    state = files.state or {}
+    source = state.get("source")
+    if source:
+        start = f"fine-tuned from --source-model {source}"
+    elif config.backbone_weights is not None:
+        start = f"backbone weights {config.backbone_weights}, head from scratch"
+    elif state:
+        start = "from scratch"
+    else:
+        start = "unknown (no checkpoints/state.json)"
+    rows.append(("Started", start))
+    rows.append(("Data", f"{split['train']:,} training and {split['validation']:,} validation posts "
+                         f"(validation_fraction {config.validation_fraction:g}), {split['tags']:,} tags"))
+    if state:
+        done = "complete" if state.get("complete") else "not complete"
+        rows.append(("Epochs", f"{state.get('used_epoch')} of {state.get('epoch_count')} ({done}), "
+                               f"{state.get('used_minibatch'):,} steps"))
+    history = files.history
+    if history:
+        paused = stops(history)
+        first, last = history[0].get("time"), history[-1].get("time")
+        if isinstance(first, (int, float)) and isinstance(last, (int, float)):
+            active = last - first - sum(seconds for _, seconds in paused)
+            rows.append(("Time", f"{_duration(active)} training and validating, from "
+                                 f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(first))} to "
+                                 f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(last))} UTC"))
+        rows.append(("Stops", ", ".join(f"at step {step:,} ({_duration(seconds)} paused)" for step, seconds in paused)
+                     if paused else f"none seen (no pause over {STOP_SECONDS:.0f} s in the history)"))
+    best = files.best
+    if best:
+        rows.append(("Best", f"{best.get('metric')} {_figure(best, 'value')} at step {best.get('used_minibatch')} "
+                             f"(epoch {best.get('used_epoch')})"))
+    validations = files.validation_rows
+    if validations:
+        final = validations[-1]
+        rows.append(("Last validation", f"step {final.get('used_minibatch')}: mAP {_figure(final, 'map')}, "
+                                        f"macro-F1 {_figure(final, 'macro_f1')}, "
+                                        f"calibrated macro-F1 {_figure(final, 'calibrated_macro_f1')}"))
+    changed = changed_keys(config.project_dir)
+    rows.append(("Settings changed from the defaults",
+                 "; ".join(f"{name} {json.dumps(value)} (default {json.dumps(default)})"
+                           for name, value, default in changed) or "none"))
+    return rows
+
+
+def figure_rows(result: dict) -> list[tuple[str, str, str]]:
+    """(figure, value, the tags it averages over and at which thresholds) for the headline figures."""
+    with_positives = result["tags_with_positives"]
+    calibrated = result["calibrated_tags"]
+    rest = with_positives - calibrated
+    tags = f"the {with_positives:,} tags with a positive in the split (of {result['tags']:,})"
+    return [
+        ("mAP", f"{result['map']:.4f}", f"{tags}; no threshold"),
+        ("macro-F1", f"{result['macro_f1']:.4f}", f"{tags}, each at the working threshold {result['threshold']:g}"),
+        ("calibrated macro-F1", f"{result['calibrated_macro_f1']:.4f}",
+         f"{tags}: {calibrated:,} at their own F1-best threshold (at least {result['min_support']} positives), "
+         f"{rest:,} at the global threshold {result['global_threshold']:g}, as the *.thresholds.csv gives them. "
+         f"The calibrated tags: {result['calibrated_tags_f1']:.4f} (at {result['threshold']:g}: "
+         f"{result['calibrated_tags_f1_at_threshold']:.4f}); the others: {result['fallback_tags_f1']:.4f} "
+         f"(at {result['threshold']:g}: {result['fallback_tags_f1_at_threshold']:.4f})"),
+        ("macro-F1 at P=R", f"{result['pr_f1']:.4f}",
+         f"{tags}, all at the one threshold {result['pr_threshold']:g} where macro precision equals macro recall"),
+        ("micro-F1", f"{result['micro_f1']:.4f}", f"every (picture, tag) pair at {result['threshold']:g}"),
+    ]

@@ -237,6 +237,53 @@ def test_truncated_shard_is_named_and_the_others_still_used(packed):
     assert all(reason.startswith(f"truncated: in {shard}, which ends early") for _, _, reason in tracker.last_bad)
 
 
+def test_a_flipped_byte_is_a_bad_image_named_by_shard_and_offset_and_pack_verify_finds_it(packed):
+    from deepdanbooru.pipeline import BadImageTracker
+
+    project, _, _ = packed
+    plan = plan_training(project)
+    victim = plan.train.paths()[13]
+    number, offset, length = plan.shards.locations[victim]
+    shard = project / "shards" / f"shard-{number:05d}.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[offset + length // 2] ^= 0x04  # inside the JPEG bytes: it would still parse and decode
+    shard.write_bytes(bytes(data))
+
+    plan, reader, batches = _datasets(project, shards=True)
+    positions = np.concatenate([batch["position"] for batch in batches])
+    assert sorted(set(range(24)) - set(positions.tolist())) == [13]  # that record only; the rest are used
+    tracker = BadImageTracker(project / "logs" / "bad_images.txt", plan.train.paths(), max_image_pixels=10**8,
+                              context="epoch 1", diagnose_path=reader.diagnose)
+    tracker.observe(positions)
+    assert tracker.finish(0, 24) == 1
+    ((position, path, reason),) = tracker.last_bad
+    assert (position, path) == (13, victim)
+    assert reason == (f"cannot be decoded: its record in {shard} at byte {offset - 12:,} fails its checksum (damaged "
+                      f"on disk); delete that shard and run `deepdanbooru pack {project}` to pack it again")
+    assert tracker.reasons == {"cannot be decoded": 1}
+    assert f"epoch 1\t13\t{victim}\t{reason}" in (project / "logs" / "bad_images.txt").read_text()
+
+    result = CliRunner().invoke(main, ["pack", str(project), "--verify"])
+    assert result.exit_code == exitcodes.FAILED, result.output
+    key = victim[len(str(plan.train.images_dir)) + 1:]
+    assert f"bad record: {key}: cannot be decoded: its record in {shard} at byte {offset - 12:,}" in result.output
+    assert result.output.splitlines()[-1].startswith("24 records checked in ") and result.output.endswith(": 1 bad\n")
+
+    # Deleting the damaged shard and packing again repacks it alone; then every record checks out.
+    shard.unlink()
+    assert pack_project(project, shard_records=10, **QUIET).packed_now == 1
+    result = CliRunner().invoke(main, ["pack", str(project), "--verify"])
+    assert result.exit_code == 0 and result.output.endswith(": all good\n"), result.output
+
+
+def test_pack_verify_without_shards_is_one_line(tmp_path, sample_dataset):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags)
+    result = CliRunner().invoke(main, ["pack", str(project), "--verify"])
+    assert result.exit_code == exitcodes.USAGE
+    assert "no finished shard set to verify" in result.output and "Traceback" not in result.output
+
+
 def test_unfinished_pack_is_never_read_and_packing_resumes(tmp_path, sample_dataset, monkeypatch):
     database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
     project = make_project(tmp_path / "project", database, tags)

@@ -68,6 +68,14 @@ def _clear(directory: Path) -> None:
             path.unlink()
 
 
+def _shards_whole(directory: Path, manifest: dict) -> bool:
+    """Every shard the manifest lists is there at its packed size (one deleted or cut short is packed again)."""
+    try:
+        return all((directory / entry["file"]).stat().st_size == entry["bytes"] for entry in manifest["shards"])
+    except (OSError, KeyError, TypeError):
+        return False
+
+
 def _finished(directory: Path, number: int, plan_digest: str):
     index = _read_json(directory / index_name(number))
     if not isinstance(index, dict) or index.get("plan") != plan_digest:
@@ -167,7 +175,7 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
     plan = {"made_from": content, "records_per_shard": per_shard, "shards": count}
     plan_digest = _digest(plan)
     manifest = _read_json(directory / MANIFEST)
-    if isinstance(manifest, dict) and manifest.get("plan") == plan_digest:
+    if isinstance(manifest, dict) and manifest.get("plan") == plan_digest and _shards_whole(directory, manifest):
         echo(f"{directory}: up to date ({plural(manifest['pictures'], 'picture')} in {plural(count, 'shard')})")
         return PackSummary(manifest["pictures"], manifest["bad"], count, manifest["bytes"], 0, 0.0)
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,22 @@
 """Shards in and out of the graph: the picture fitted to the training box as JPEG bytes, and reading it back.
 
 Training visits records in a seeded permutation, so a slice needs random
-access into the shards; TensorFlow's record readers only read forwards (an
+access into the shards; TensorFlow's record datasets only read forwards (an
 offset is skipped by reading up to it: 7-10 ms a record in 150 MB files), so
-the Example bytes are sliced from memory-mapped shards by the offsets in the
-index, then parsed in the graph. The picture then takes the same fit and warp
+each record is read at the offset in the index by TensorFlow's random-access
+record reader, which checks the record's CRCs, then parsed in the graph. The picture then takes the same fit and warp
 ops as an original file.
 """
 
 from __future__ import annotations
 
 import functools
-import mmap
+import threading
 
 import numpy as np
 import tensorflow as tf
 
+from deepdanbooru.compat import checked_record_reader
 from deepdanbooru.pipeline.decode import decode_for_box
 from deepdanbooru.pipeline.fill import Fill
 from deepdanbooru.pipeline.transform import fit_into_box
@@ -28,35 +29,56 @@ FEATURES = {
 }
 
 
+# TFRecord framing: the record's 8-byte length and that length's 4-byte CRC come before its bytes.
+FRAMING_HEAD = 12
+
+
 class ShardReader:
-    """Example bytes by image path, from memory-mapped shards; b"" for a picture the shards do not hold."""
+    """Example bytes by image path, each checked against its TFRecord CRCs; b"" for a picture not in the shards.
+
+    A record whose bytes no longer match their checksum (a flipped bit on disk or in a copy) raises
+    tf.errors.DataLossError, so the pipeline drops it like an undecodable file and diagnose() names it.
+    Each thread keeps its own file readers: tf.data calls read() from several threads at once.
+    """
 
     def __init__(self, index):
         self.index = index
-        self._maps = []
-        for path in index.files:
-            try:
-                with open(path, "rb") as handle:
-                    self._maps.append(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-                                      if handle.seek(0, 2) else b"")
-            except FileNotFoundError:
-                self._maps.append(b"")
+        self._local = threading.local()
+
+    def _reader(self, number: int):
+        readers = self._local.__dict__.setdefault("readers", {})
+        if number not in readers:
+            readers[number] = checked_record_reader(self.index.files[number])
+        return readers[number]
 
     def read(self, path) -> bytes:
         if isinstance(path, (bytes, np.bytes_)):
             path = path.decode("utf-8")
         location = self.index.locations.get(path)
-        if location is None:
+        if location is None or self.index.known_reason(path):
             return b""
         number, offset, length = location
-        data = self._maps[number][offset:offset + length]
-        return bytes(data) if len(data) == length else b""
+        record, _ = self._reader(number).read(offset - FRAMING_HEAD)
+        if len(record) != length:
+            raise tf.errors.DataLossError(None, None, f"record length {len(record)}, the index says {length}")
+        return record
+
+    def damage(self, path) -> str | None:
+        """Why the record of `path` cannot be read from its shard (damaged, cut short), or None when it can."""
+        try:
+            self.read(path)
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError, OSError) as error:
+            number, offset, _ = self.index.locations[str(path)]
+            what = "fails its checksum" if isinstance(error, tf.errors.DataLossError) else "cannot be read"
+            return (f"cannot be decoded: its record in {self.index.files[number]} at byte {offset - FRAMING_HEAD:,} "
+                    f"{what} (damaged on disk); delete that shard and run `{self.index.rebuild}` to pack it again")
+        return None
 
     def diagnose(self, path, max_image_pixels) -> str:
         from deepdanbooru.pipeline.badimages import UNEXPLAINED, diagnose_bytes
 
         path = str(path)
-        known = self.index.known_reason(path)
+        known = self.index.known_reason(path) or self.damage(path)
         if known:
             return known
         try:

@@ -198,16 +198,23 @@ def open_shards(root, config, tags_path, records) -> ShardIndex | None:
         raise TrainingError(file_field(
             manifest_path, None, f"stale shards{other}: they {'; they '.join(reasons)}; rebuild them with "
                                  f"`{rebuild}`"))
-    images_dir = records.images_dir
+    return read_shard_set(directory, prefix=f"{records.images_dir}/", rebuild=rebuild, manifest=manifest)
+
+
+def read_shard_set(directory, prefix: str, rebuild: str | None = None, manifest: dict | None = None) -> ShardIndex:
+    """The indexes of the shard set in `directory` (whose manifest is finished), keyed by prefix + key."""
+    directory = Path(directory)
+    rebuild = rebuild or rebuild_command(directory.parent)
+    manifest = manifest if manifest is not None else _read_json(directory / MANIFEST)
     files, sizes, locations, bad, truncated = [], [], {}, {}, {}
     for number, entry in enumerate(manifest.get("shards", [])):
         index = _read_json(directory / entry["index"])
         files.append(directory / entry["file"])
         sizes.append(int(index["bytes"]))
         for key, offset, length in index["records"]:
-            locations[f"{images_dir}/{key}"] = (number, int(offset), int(length))
+            locations[f"{prefix}{key}"] = (number, int(offset), int(length))
         for key, reason in index["bad"]:
-            bad[f"{images_dir}/{key}"] = reason
+            bad[f"{prefix}{key}"] = reason
         try:
             found = files[-1].stat().st_size
         except FileNotFoundError:

@@ -401,3 +401,83 @@ def test_training_from_shards_resumes_exactly_and_counts_bad_images(tmp_path, sa
     assert read_state(resumed)["used_sample"] == 46
     for name in ("model-resnet_small.e2.keras", "model-resnet_small.keras"):
         assert_same_weights(project / name, resumed / name)
+
+
+@pytest.fixture
+def with_validation(tmp_path, sample_dataset):
+    """A tiny project with a validation split, packed (training and validation parts)."""
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags, validation_fraction=0.3)
+    lines = []
+    pack_project(project, echo=lines.append, shard_records=10)
+    return project, lines
+
+
+def _scored(project):
+    from deepdanbooru.pipeline.packed import scoring_input
+
+    plan = plan_training(project)
+    scoring = scoring_input(project, plan.config, plan.validation, plan.tags)
+    return plan, scoring, list(scoring.dataset.as_numpy_iterator())
+
+
+def test_validation_pictures_are_packed_at_the_image_size_and_scored_from_the_shards(with_validation):
+    project, lines = with_validation
+    plan, scoring, packed = _scored(project)
+    count = len(plan.validation)
+    assert 0 < count < 24 and f"Packing {count} validation pictures at 32x32 into 1 shard" in lines
+    assert lines[-1] == f"Packed {count} validation pictures"
+    manifest = json.loads((project / "shards" / "manifest.json").read_text())
+    assert manifest["validation"]["made_from"]["box"] == [32, 32] and manifest["validation"]["pictures"] == count
+    assert scoring.source == str(project / "shards") and scoring.notice is None
+    shutil.move(project / "shards", project.parent / "aside")
+    _, original, files = _scored(project)
+    assert original.source == "original files" and original.notice is None
+    for a, b in zip(files, packed, strict=True):
+        np.testing.assert_array_equal(a["position"], b["position"])
+        np.testing.assert_array_equal(a["label"], b["label"])
+        assert np.abs(a["image"] - b["image"]).mean() < 0.02  # only the JPEG re-encoding differs
+    shutil.move(project.parent / "aside", project / "shards")
+    again = []
+    pack_project(project, echo=again.append, shard_records=10)
+    assert again == [f"{project / 'shards'}: up to date (24 pictures in 3 shards, {count} validation pictures)"]
+
+
+def test_a_shard_set_packed_without_validation_says_how_to_add_it_and_pack_adds_only_that(with_validation):
+    project, _ = with_validation
+    directory = project / "shards"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    del manifest["validation"]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    (directory / "validation-00000.tfrecord").unlink()
+    (directory / "validation-00000.json").unlink()
+    _, scoring, batches = _scored(project)
+    assert scoring.source == "original files" and sum(len(b["position"]) for b in batches) == len(scoring.paths)
+    assert scoring.notice == (f"notice: {directory} has no validation part (packed before validation pictures were "
+                              "packed); the pictures are read from their original files; "
+                              f"`deepdanbooru pack {project}` adds it and keeps the training shards")
+    lines = []
+    assert pack_project(project, echo=lines.append, shard_records=10).packed_now == 0  # training shards kept
+    assert lines[0].startswith("Packing ") and "validation pictures at 32x32" in lines[0]
+    assert _scored(project)[1].source == str(directory)
+
+
+def test_a_damaged_validation_record_is_a_named_bad_image(with_validation):
+    from deepdanbooru.pipeline import BadImageTracker
+
+    project, _ = with_validation
+    plan, scoring, _ = _scored(project)
+    index = json.loads((project / "shards" / "validation-00000.json").read_text())
+    key, offset, length = index["records"][1]
+    shard = project / "shards" / "validation-00000.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[offset + length - 40] ^= 0x01
+    shard.write_bytes(bytes(data))
+    _, scoring, batches = _scored(project)
+    tracker = BadImageTracker(project / "logs" / "bad_images.txt", scoring.paths, max_image_pixels=10**8,
+                              context="validation", diagnose_path=scoring.diagnose)
+    for batch in batches:
+        tracker.observe(batch["position"])
+    assert tracker.finish(0, len(scoring.paths)) == 1
+    ((_, path, reason),) = tracker.last_bad
+    assert path.endswith(key) and reason.startswith(f"cannot be decoded: its record in {shard} at byte {offset - 12:,}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
@@ -98,6 +99,41 @@ class ShardReader:
         data = tf.io.parse_single_example(tf.ensure_shape(data, []), FEATURES)["image"]
         image = tf.io.decode_jpeg(data, channels=3)
         return image, tf.shape(image, out_type=tf.int64)[:2]
+
+
+@dataclass
+class ScoringInput:
+    """Unaugmented, labelled batches of the project's pictures, and how to explain the ones that drop out."""
+
+    dataset: object  # tf.data.Dataset of inference_dataset's dicts
+    paths: list  # paths[position]
+    diagnose: object  # (path, max_image_pixels) -> reason, for BadImageTracker(diagnose_path=)
+    source: str  # where the pictures come from: the shards folder or "original files"
+    notice: str | None  # why packed pictures are not used although the project has shards
+
+
+def scoring_input(root, config, records, tags, *, height=None, width=None, batch_size=None) -> ScoringInput:
+    """The project's pictures of `records` (its validation split, usually) as scoring reads them.
+
+    From the shard set's validation part when it holds every one of them fitted at (height, width) (default:
+    the project's image size), else from the original files, with `notice` saying why. Validation during
+    training and evaluate-project read through here; so should every command that scores the project's own
+    pictures. The pictures read from shards differ from the originals' only by the JPEG re-encoding.
+    """
+    from deepdanbooru.pipeline.badimages import diagnose
+    from deepdanbooru.pipeline.dataset import inference_dataset
+    from deepdanbooru.pipeline.fill import Fill
+    from deepdanbooru.project.shards import scoring_shards
+
+    height, width = height or config.image_height, width or config.image_width
+    index, notice = scoring_shards(root, config, records, (height, width))
+    reader = ShardReader(index) if index is not None else None
+    paths = records.paths()
+    dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size or config.minibatch_size,
+                                max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
+                                tags=list(tags), fill=Fill.from_config(config), shards=reader)
+    return ScoringInput(dataset, paths, reader.diagnose if reader else diagnose,
+                        str(index.directory) if index else "original files", notice)
 
 
 @functools.lru_cache(maxsize=8)

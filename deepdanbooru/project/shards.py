@@ -56,12 +56,15 @@ def pack_box(config) -> tuple[int, int]:
     return tuple(int(math.floor(side + 1e-6)) for side in training_box(config))
 
 
-def shard_name(number: int) -> str:
-    return f"shard-{number:05d}.tfrecord"
+TRAINING_PART, VALIDATION_PART = "shard", "validation"
 
 
-def index_name(number: int) -> str:
-    return f"shard-{number:05d}.json"
+def shard_name(number: int, part: str = TRAINING_PART) -> str:
+    return f"{part}-{number:05d}.tfrecord"
+
+
+def index_name(number: int, part: str = TRAINING_PART) -> str:
+    return f"{part}-{number:05d}.json"
 
 
 def record_key(path: str, images_dir) -> str:
@@ -97,6 +100,21 @@ def made_from(root, config, tags_path, records) -> dict:
         "max_image_pixels": config.max_image_pixels,
         "tags_sha256": tags_digest(tags_path),
         "database": str(records.database_path),
+        "records": len(records),
+        "records_sha256": records_digest(keys, records.tag_strings),
+    }
+
+
+def validation_made_from(config, tags_path, records) -> dict:
+    """What the validation part depends on: the validation records (`records`), fitted as scoring fits them."""
+    keys = [record_key(path, records.images_dir) for path in records.paths()]
+    return {
+        "format": FORMAT,
+        "box": [config.image_height, config.image_width],
+        "alpha": config.alpha,
+        "encoding": f"jpeg quality {JPEG_QUALITY} 4:2:0",
+        "max_image_pixels": config.max_image_pixels,
+        "tags_sha256": tags_digest(tags_path),
         "records": len(records),
         "records_sha256": records_digest(keys, records.tag_strings),
     }
@@ -222,6 +240,42 @@ def read_shard_set(directory, prefix: str, rebuild: str | None = None, manifest:
         if found < sizes[-1]:
             truncated[number] = found
     return ShardIndex(directory, files, sizes, locations, bad, rebuild, truncated)
+
+
+def scoring_shards(root, config, records, size) -> tuple[ShardIndex | None, str | None]:
+    """(the packed validation part, None) when it holds every picture of `records` fitted at `size` (height, width).
+
+    Otherwise (None, a notice saying why and how to pack it), and the pictures are read from their original
+    files; (None, None) for a project without a finished shard set. Only the pictures come from the part:
+    labels come from the records being scored, so a tags.txt change needs no repacking here.
+    """
+    root = Path(root)
+    directory = root / SHARDS_DIR
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        return None, None
+    rebuild = rebuild_command(root)
+    fallback = "the pictures are read from their original files"
+    manifest = _read_json(manifest_path)
+    part = manifest.get("validation")
+    if not isinstance(part, dict):
+        return None, (f"notice: {directory} has no validation part (packed before validation pictures were "
+                      f"packed); {fallback}; `{rebuild}` adds it and keeps the training shards")
+    packed = part.get("made_from", {})
+    wanted = {"format": FORMAT, "box": [int(size[0]), int(size[1])], "alpha": config.alpha,
+              "max_image_pixels": config.max_image_pixels}
+    changed = [key for key, value in wanted.items() if packed.get(key) != value]
+    if changed:
+        return None, (f"notice: {directory}: the validation pictures were packed with "
+                      + ", ".join(f"{key} {packed.get(key)}" for key in changed) + " and scoring now needs "
+                      + ", ".join(f"{key} {wanted[key]}" for key in changed) + f"; {fallback}; `{rebuild}` repacks them")
+    index = read_shard_set(directory, prefix=f"{records.images_dir}/", rebuild=rebuild, manifest=part)
+    paths = records.paths()
+    missing = sum(1 for path in paths if str(path) not in index.locations and str(path) not in index.bad)
+    if missing:
+        return None, (f"notice: {missing} of the {len(paths)} pictures to score are not in {directory}'s validation "
+                      f"part (the split or the database changed since packing); {fallback}; `{rebuild}` packs them")
+    return index, None
 
 
 def training_shards(root, config, tags_path, records) -> ShardIndex | None:

@@ -162,7 +162,7 @@ def test_preflight_passes_a_project_training_from_shards_without_its_originals(p
     assert results["shards"] == ("PASS", f"train-project will read the training pictures from {project / 'shards'} "
                                          "(24 packed in 3 shard(s), 0 could not be packed); validation reads the "
                                          "original files")
-    assert results["images"] == ("PASS", f"checked all 24 eligible images: 24 training picture(s) packed in "
+    assert results["images"] == ("PASS", f"checked all 24 eligible images: 24 picture(s) packed in "
                                          f"{project / 'shards'} (train-project reads them from there, not from the "
                                          "original files)")
     # And train-project does: every record comes from the shards, none is dropped.
@@ -441,6 +441,11 @@ def test_validation_pictures_are_packed_at_the_image_size_and_scored_from_the_sh
     again = []
     pack_project(project, echo=again.append, shard_records=10)
     assert again == [f"{project / 'shards'}: up to date (24 pictures in 3 shards, {count} validation pictures)"]
+    # Preflight then asks for no original file at all, validation posts included.
+    shutil.rmtree(plan.train.images_dir)
+    results = preflight(project)
+    assert failed(results) == [], results
+    assert results["shards"][1].endswith(f"; validation reads its {count} pictures from the validation part")
 
 
 def test_a_shard_set_packed_without_validation_says_how_to_add_it_and_pack_adds_only_that(with_validation):

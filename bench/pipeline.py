@@ -207,18 +207,30 @@ def offset_reads(index, reader, count: int = 64) -> dict:
             "offset_read_mean_offset_bytes": round(mean_offset)}
 
 
-def packed_main(args) -> int:
-    """Training batches of one project from its shards against the same batches from its original files."""
-    import tensorflow as tf
-
+def open_packed(project):
+    """(config, tags, records, ShardIndex, ShardReader) of a packed project; exits when it has no shards."""
     from deepdanbooru.dataset.records import load_records
-    from deepdanbooru.packing.pack import pack_project
-    from deepdanbooru.pipeline import TrainingInput, training_dataset
     from deepdanbooru.pipeline.packed import ShardReader
     from deepdanbooru.project.config import load_config
     from deepdanbooru.project.paths import ProjectPaths
     from deepdanbooru.project.shards import open_shards
     from deepdanbooru.project.tags import load_tags
+
+    paths = ProjectPaths(project)
+    config = load_config(paths.root)
+    records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
+    index = open_shards(paths.root, config, paths.tags, records)
+    if index is None:
+        sys.exit(f"{project}: no shards; run `deepdanbooru pack {project}` first")
+    return config, load_tags(paths.tags), records, index, ShardReader(index)
+
+
+def packed_main(args) -> int:
+    """Training batches of one project from its shards against the same batches from its original files."""
+    import tensorflow as tf
+
+    from deepdanbooru.packing.pack import pack_project
+    from deepdanbooru.pipeline import TrainingInput, training_dataset
 
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="bench-packed-") as scratch:
@@ -242,14 +254,7 @@ def packed_main(args) -> int:
                   f"({summary['pack_cpu_s_per_picture'] * 1000:.1f} CPU-ms in this process), "
                   f"{summary['bytes_per_picture'] / 1e3:.1f} kB a picture on disk "
                   f"(originals {summary['original_bytes_per_picture'] / 1e3:.0f} kB)", flush=True)
-        paths_ = ProjectPaths(project)
-        config = load_config(paths_.root)
-        tags = load_tags(paths_.tags)
-        records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
-        index = open_shards(paths_.root, config, paths_.tags, records)
-        if index is None:
-            sys.exit(f"{project}: no shards; run `deepdanbooru pack {project}` first")
-        reader = ShardReader(index)
+        config, tags, records, index, reader = open_packed(project)
         options = TrainingInput.from_config(config)
         paths, tag_strings = cycle(records.paths()[:args.images], records.tag_strings[:args.images],
                                    args.slice_batches * options.batch_size)

@@ -486,3 +486,15 @@ def test_a_damaged_validation_record_is_a_named_bad_image(with_validation):
     assert tracker.finish(0, len(scoring.paths)) == 1
     ((_, path, reason),) = tracker.last_bad
     assert path.endswith(key) and reason.startswith(f"cannot be decoded: its record in {shard} at byte {offset - 12:,}")
+
+
+def test_a_missing_validation_shard_falls_back_with_a_notice_and_pack_restores_it(with_validation):
+    project, _ = with_validation
+    (project / "shards" / "validation-00000.tfrecord").unlink()
+    _, scoring, _ = _scored(project)
+    assert scoring.source == "original files"
+    assert scoring.notice == (f"notice: {project / 'shards'}: a validation shard is missing or cut short; the "
+                              f"pictures are read from their original files; `deepdanbooru pack {project}` packs it "
+                              "again")
+    assert pack_project(project, shard_records=10, **QUIET).packed_now == 0
+    assert _scored(project)[1].source == str(project / "shards")

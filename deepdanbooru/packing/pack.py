@@ -68,8 +68,9 @@ def _clear(directory: Path, parts=_PARTS) -> None:
     """Remove what an earlier pack wrote (shards, indexes, manifest, half-written files), nothing else."""
     for path in directory.iterdir():
         name = path.name
-        if (parts == _PARTS and name in (MANIFEST, PLAN)) or (name.startswith(parts) and name.endswith((".tfrecord", ".json"))) \
-                or (name.startswith(tuple("." + part for part in parts)) and name.endswith(".tmp")):
+        written = name.startswith(parts) and name.endswith((".tfrecord", ".json"))
+        staged = name.startswith(tuple("." + part for part in parts)) and name.endswith(".tmp")
+        if (parts == _PARTS and name in (MANIFEST, PLAN)) or written or staged:
             path.unlink()
 
 
@@ -187,7 +188,8 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
         part = manifest.get("validation")
         if isinstance(part, dict) and part.get("plan") == _digest(validation_plan) and _shards_whole(directory, part):
             held = f", {plural(part['pictures'], 'validation picture')}" if part["pictures"] else ""
-            echo(f"{directory}: up to date ({plural(manifest['pictures'], 'picture')} in {plural(count, 'shard')}{held})")
+            echo(f"{directory}: up to date ({plural(manifest['pictures'], 'picture')} in "
+                 f"{plural(count, 'shard')}{held})")
             return PackSummary(manifest["pictures"], manifest["bad"], count, manifest["bytes"], 0, 0.0)
         _pack_validation(paths, directory, manifest, validation, validation_plan, tags, config, echo)
         return PackSummary(manifest["pictures"], manifest["bad"], count, manifest["bytes"], 0,
@@ -244,6 +246,9 @@ def _pack_validation(paths, directory, manifest, validation, plan, tags, config,
 
     Small (validation_fraction of the records), so packed whole in this process whenever it is out of date.
     """
+    if manifest.pop("validation", None) is not None:
+        # First unlisted, then removed: a reader never meets a listed part whose files are gone.
+        write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
     _clear(directory, (f"{VALIDATION_PART}-",))
     digest = _digest(plan)
     per_shard = records_per_shard(plan["box"])

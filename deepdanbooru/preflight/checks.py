@@ -241,7 +241,8 @@ def check_shards(run: Run):
     if run.validation_shards is not None and len(validation):
         scored = f"validation reads its {len(validation):,} pictures from the validation part"
     else:
-        scored = notice.removeprefix("notice: ") if notice and len(validation) else "validation reads the original files"
+        scored = notice.removeprefix("notice: ") if notice and len(validation) \
+            else "validation reads the original files"
     detail = (f"train-project will read the training pictures from {directory} ({len(run.shards.locations):,} "
               f"packed in {len(run.shards.files)} shard(s), {len(run.shards.bad):,} could not be packed); {scored}")
     warned = run.shards.warnings()

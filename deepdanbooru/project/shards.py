@@ -268,8 +268,15 @@ def scoring_shards(root, config, records, size) -> tuple[ShardIndex | None, str 
     if changed:
         return None, (f"notice: {directory}: the validation pictures were packed with "
                       + ", ".join(f"{key} {packed.get(key)}" for key in changed) + " and scoring now needs "
-                      + ", ".join(f"{key} {wanted[key]}" for key in changed) + f"; {fallback}; `{rebuild}` repacks them")
-    index = read_shard_set(directory, prefix=f"{records.images_dir}/", rebuild=rebuild, manifest=part)
+                      + ", ".join(f"{key} {wanted[key]}" for key in changed)
+                      + f"; {fallback}; `{rebuild}` repacks them")
+    try:
+        index = read_shard_set(directory, prefix=f"{records.images_dir}/", rebuild=rebuild, manifest=part)
+    except TrainingError as error:
+        return None, f"notice: {error}; {fallback}"
+    if index.truncated:
+        return None, (f"notice: {directory}: a validation shard is missing or cut short; {fallback}; `{rebuild}` "
+                      "packs it again")
     paths = records.paths()
     missing = sum(1 for path in paths if str(path) not in index.locations and str(path) not in index.bad)
     if missing:

@@ -53,7 +53,8 @@ def _illustration(rng, height, width) -> Image.Image:
     return image
 
 
-def generate_dataset(directory: Path, count: int, height: int, width: int, seed: int) -> tuple[Path, Path]:
+def generate_dataset(directory: Path, count: int, height: int, width: int, seed: int,
+                     quality: int = 90) -> tuple[Path, Path]:
     """A DeepDanbooru-layout dataset (SQLite posts + images/xx/md5.jpg) and its tags.txt."""
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True, exist_ok=True)
@@ -63,7 +64,7 @@ def generate_dataset(directory: Path, count: int, height: int, width: int, seed:
         md5 = hashlib.md5(f"{seed}-{post_id}".encode()).hexdigest()
         path = directory / "images" / md5[:2] / f"{md5}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
-        _illustration(rng, height, width).save(path, quality=90)
+        _illustration(rng, height, width).save(path, quality=quality)
         tags = " ".join(rng.choice(BENCH_TAGS, size=int(rng.integers(5, 40)), replace=False))
         rows.append((post_id, md5, "jpg", tags, len(tags.split())))
     with sqlite3.connect(database) as connection:
@@ -164,10 +165,16 @@ def compare(contestants: dict, repeats: int, log_dir: Path, paths) -> dict[str, 
     return results
 
 
-def make_packed_project(directory: Path, originals: int, size: int, batch: int) -> Path:
-    """A project at `size` with the default augmentation over `originals` Danbooru-sized (1536x2048) JPEGs."""
-    print(f"generating {originals} 1536x2048 JPEGs (quality 90) ...", flush=True)
-    database, tags_path = generate_dataset(directory / "dataset", originals, 2048, 1536, seed=3)
+# The generated originals --kind picks: (height, width, JPEG quality). "tall": Danbooru-sized 1536x2048 at
+# about 2.0 bits a pixel; "square": 1536x1536 at about 1.4 bits a pixel, which decode faster, so packing gains less.
+KINDS = {"tall": (2048, 1536, 90), "square": (1536, 1536, 85)}
+
+
+def make_packed_project(directory: Path, originals: int, size: int, batch: int, kind: str = "tall") -> Path:
+    """A project at `size` with the default augmentation over `originals` generated JPEGs of `kind` (KINDS)."""
+    height, width, quality = KINDS[kind]
+    print(f"generating {originals} {width}x{height} JPEGs (quality {quality}) ...", flush=True)
+    database, tags_path = generate_dataset(directory / "dataset", originals, height, width, seed=3, quality=quality)
     project = directory / "project"
     project.mkdir()
     config = {"image_width": size, "image_height": size, "database_path": str(database), "minimum_tag_count": 1,
@@ -178,7 +185,7 @@ def make_packed_project(directory: Path, originals: int, size: int, batch: int) 
 
 
 def offset_reads(index, reader, count: int = 64) -> dict:
-    """Random access into a shard: TensorFlow's FixedLengthRecordDataset at an offset vs the memory-mapped reader."""
+    """Random access into a shard: TensorFlow's FixedLengthRecordDataset at an offset vs the shard reader's read."""
     import tensorflow as tf
 
     locations = list(index.locations.values())[::-1][:count]  # the records furthest into their shards first
@@ -192,32 +199,45 @@ def offset_reads(index, reader, count: int = 64) -> dict:
     started = time.perf_counter()
     for path in list(index.locations)[::-1][:count]:
         reader.read(path)
-    mmap_ms = (time.perf_counter() - started) / len(locations) * 1000
+    checked_ms = (time.perf_counter() - started) / len(locations) * 1000
     mean_offset = sum(offset for _, offset, _ in locations) / len(locations)
     print(f"one record at a mean offset of {mean_offset / 1e6:.1f} MB: FixedLengthRecordDataset {tf_ms:.2f} ms, "
-          f"memory-mapped read {mmap_ms:.3f} ms", flush=True)
-    return {"offset_read_tf_ms": round(tf_ms, 3), "offset_read_mmap_ms": round(mmap_ms, 4),
+          f"the shard reader (CRCs checked) {checked_ms:.3f} ms", flush=True)
+    return {"offset_read_tf_ms": round(tf_ms, 3), "offset_read_checked_ms": round(checked_ms, 4),
             "offset_read_mean_offset_bytes": round(mean_offset)}
 
 
-def packed_main(args) -> int:
-    """Training batches of one project from its shards against the same batches from its original files."""
-    import tensorflow as tf
-
+def open_packed(project):
+    """(config, tags, records, ShardIndex, ShardReader) of a packed project; exits when it has no shards."""
     from deepdanbooru.dataset.records import load_records
-    from deepdanbooru.packing.pack import pack_project
-    from deepdanbooru.pipeline import TrainingInput, training_dataset
     from deepdanbooru.pipeline.packed import ShardReader
     from deepdanbooru.project.config import load_config
     from deepdanbooru.project.paths import ProjectPaths
     from deepdanbooru.project.shards import open_shards
     from deepdanbooru.project.tags import load_tags
 
+    paths = ProjectPaths(project)
+    config = load_config(paths.root)
+    records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
+    index = open_shards(paths.root, config, paths.tags, records)
+    if index is None:
+        sys.exit(f"{project}: no shards; run `deepdanbooru pack {project}` first")
+    return config, load_tags(paths.tags), records, index, ShardReader(index)
+
+
+def packed_main(args) -> int:
+    """Training batches of one project from its shards against the same batches from its original files."""
+    import tensorflow as tf
+
+    from deepdanbooru.packing.pack import pack_project
+    from deepdanbooru.pipeline import TrainingInput, training_dataset
+
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="bench-packed-") as scratch:
         scratch = Path(scratch)
-        project = args.project or make_packed_project(scratch, args.originals, args.size, args.batch)
-        summary = {"cores": cores, "load_average_before": round(os.getloadavg()[0], 2)}
+        project = args.project or make_packed_project(scratch, args.originals, args.size, args.batch, args.kind)
+        summary = {"cores": cores, "kind": None if args.project else args.kind,
+                   "load_average_before": round(os.getloadavg()[0], 2)}
         if args.project is None:
             wall, cpu = time.perf_counter(), time.process_time()
             packed = pack_project(project, workers=args.pack_workers, echo=lambda line: print(line, flush=True))
@@ -228,18 +248,13 @@ def packed_main(args) -> int:
                             "bytes_per_picture": round(packed.bytes / packed.pictures),
                             "original_bytes_per_picture": round(sum(
                                 p.stat().st_size for p in (scratch / "dataset" / "images").rglob("*.jpg")) / count)})
+            height, width, _ = KINDS[args.kind]
+            summary["original_bits_per_pixel"] = round(summary["original_bytes_per_picture"] * 8 / (height * width), 2)
             print(f"packing: {summary['pack_s_per_picture'] * 1000:.1f} ms a picture on {cores} core(s) "
                   f"({summary['pack_cpu_s_per_picture'] * 1000:.1f} CPU-ms in this process), "
                   f"{summary['bytes_per_picture'] / 1e3:.1f} kB a picture on disk "
                   f"(originals {summary['original_bytes_per_picture'] / 1e3:.0f} kB)", flush=True)
-        paths_ = ProjectPaths(project)
-        config = load_config(paths_.root)
-        tags = load_tags(paths_.tags)
-        records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
-        index = open_shards(paths_.root, config, paths_.tags, records)
-        if index is None:
-            sys.exit(f"{project}: no shards; run `deepdanbooru pack {project}` first")
-        reader = ShardReader(index)
+        config, tags, records, index, reader = open_packed(project)
         options = TrainingInput.from_config(config)
         paths, tag_strings = cycle(records.paths()[:args.images], records.tag_strings[:args.images],
                                    args.slice_batches * options.batch_size)
@@ -282,6 +297,9 @@ def main(argv=None) -> int:
                              "original files (without --project: generate --originals 1536x2048 JPEGs, a project "
                              "at --size and pack it, timed)")
     parser.add_argument("--originals", type=int, default=200, help="with --packed: originals to generate")
+    parser.add_argument("--kind", choices=sorted(KINDS), default="tall",
+                        help="with --packed: the generated originals: tall (1536x2048, quality 90, about 2.0 bits a "
+                             "pixel) or square (1536x1536, quality 85, about 1.4 bits a pixel)")
     parser.add_argument("--pack-workers", type=int, default=1, help="with --packed: deepdanbooru pack --workers")
     parser.add_argument("--cores", type=int, default=0,
                         help="run on this many cores only (os.sched_setaffinity; 0: all; --packed defaults to 1)")

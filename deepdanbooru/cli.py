@@ -124,7 +124,10 @@ def train_project(project_path, source_model, source_tags, force_mixed_precision
 @click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1), metavar="N",
               help="Processes that pack shards side by side (each uses its share of the cores).")
-def pack(project_path, workers):
+@click.option("--verify", is_flag=True,
+              help="Pack nothing: read every record of the packed shards and check its checksum; exit 1 when "
+                   "any is damaged (each is named with its shard, byte offset and picture).")
+def pack(project_path, workers, verify):
     """Fit every eligible picture to the training size once and write it to PROJECT_PATH/shards.
 
     train-project then reads the shards instead of decoding every original again each epoch: the same
@@ -132,6 +135,12 @@ def pack(project_path, workers):
     after tags.txt, the database, the image size or the augmentation's scale changed, it packs anew
     (training refuses stale shards and says so).
     """
+    if verify:
+        from deepdanbooru.packing.verify import verify_shards
+
+        if verify_shards(project_path, echo=click.echo, bar=True).bad:
+            click.get_current_context().exit(exitcodes.FAILED)
+        return
     from deepdanbooru.packing.pack import pack_project
 
     pack_project(project_path, workers=workers, echo=click.echo)

@@ -83,6 +83,7 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--source-tags", "the tags.txt the source model was trained on (DeepDanbooru models record none)"),
     Term("--devices", "the local devices to train on"),
     Term("--workers", "how many processes share the work"),
+    Term("--verify", "check what was written (every record's checksum) instead of writing"),
     Term("--time-limit", "stop at the last checkpoint before this much wall-clock time, export, exit 0"),
     Term("--force-mixed-precision", "train in float16 even without a GPU"),
     Term("--verbose", "print progress and throughput on stderr", deepdanbooru=True),

@@ -20,6 +20,8 @@ from deepdanbooru.errors import DependencyError
 
 SAVING_LIB = "keras.src.saving.saving_lib"
 OPS_PACKAGE = "keras.src.ops"
+# TensorFlow's reader of one TFRecord record at a byte offset, which checks both of the record's CRC32Cs.
+RECORD_IO = "tensorflow.python.lib.io._pywrap_record_io"
 
 
 def _missing(name: str) -> DependencyError:
@@ -179,7 +181,25 @@ def is_op_node(entry: dict) -> bool:
     return module == OPS_PACKAGE or module.startswith(OPS_PACKAGE + ".")
 
 
-# Checked by tests/test_compat.py against the installed Keras: (where, attribute).
+# --- packed shards: one TFRecord record at an offset, checked ---
+
+def checked_record_reader(path):
+    """A reader of the TFRecord file at `path`: `.read(offset)` -> (record bytes, next offset).
+
+    `offset` is where the record's framing starts. TensorFlow checks the CRC32C of the length and of the
+    bytes, and raises tf.errors.DataLossError for a damaged record (OutOfRangeError past the end).
+    """
+    try:
+        module = importlib.import_module(RECORD_IO)
+    except ImportError:
+        module = None
+    if module is None or not hasattr(module, "RandomRecordReader"):
+        raise DependencyError(f"tensorflow {tf.__version__}: {RECORD_IO}.RandomRecordReader is gone; deepdanbooru "
+                              "needs the TensorFlow version pinned in its pyproject.toml to read packed shards")
+    return module.RandomRecordReader(str(path))
+
+
+# Checked by tests/test_compat.py against the installed Keras (and TensorFlow): (where, attribute).
 ADAM_SLOTS = ("_momentums", "_velocities")
 PRIVATE_NAMES = (
     (SAVING_LIB, "is_memory_sufficient"),
@@ -190,4 +210,5 @@ PRIVATE_NAMES = (
     ("keras.optimizers.Optimizer", "_apply_weight_decay"),
     ("keras.optimizers.Optimizer", "_use_weight_decay"),
     *(("keras.optimizers.Adam (built)", name) for name in ADAM_SLOTS),
+    (RECORD_IO, "RandomRecordReader"),
 )

@@ -19,7 +19,7 @@ def _owner(where: str):
         optimizer.build([keras.Variable(np.zeros(2, np.float32))])
         return optimizer
     module, _, name = where.rpartition(".")
-    if where in (compat.SAVING_LIB, compat.OPS_PACKAGE):
+    if where in (compat.SAVING_LIB, compat.OPS_PACKAGE, compat.RECORD_IO):
         return importlib.import_module(where)
     return getattr(importlib.import_module(module), name)
 

@@ -162,7 +162,7 @@ def test_preflight_passes_a_project_training_from_shards_without_its_originals(p
     assert results["shards"] == ("PASS", f"train-project will read the training pictures from {project / 'shards'} "
                                          "(24 packed in 3 shard(s), 0 could not be packed); validation reads the "
                                          "original files")
-    assert results["images"] == ("PASS", f"checked all 24 eligible images: 24 training picture(s) packed in "
+    assert results["images"] == ("PASS", f"checked all 24 eligible images: 24 picture(s) packed in "
                                          f"{project / 'shards'} (train-project reads them from there, not from the "
                                          "original files)")
     # And train-project does: every record comes from the shards, none is dropped.
@@ -235,6 +235,53 @@ def test_truncated_shard_is_named_and_the_others_still_used(packed):
     tracker.observe(positions)
     assert tracker.finish(0, 24) == len(lost)
     assert all(reason.startswith(f"truncated: in {shard}, which ends early") for _, _, reason in tracker.last_bad)
+
+
+def test_a_flipped_byte_is_a_bad_image_named_by_shard_and_offset_and_pack_verify_finds_it(packed):
+    from deepdanbooru.pipeline import BadImageTracker
+
+    project, _, _ = packed
+    plan = plan_training(project)
+    victim = plan.train.paths()[13]
+    number, offset, length = plan.shards.locations[victim]
+    shard = project / "shards" / f"shard-{number:05d}.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[offset + length // 2] ^= 0x04  # inside the JPEG bytes: it would still parse and decode
+    shard.write_bytes(bytes(data))
+
+    plan, reader, batches = _datasets(project, shards=True)
+    positions = np.concatenate([batch["position"] for batch in batches])
+    assert sorted(set(range(24)) - set(positions.tolist())) == [13]  # that record only; the rest are used
+    tracker = BadImageTracker(project / "logs" / "bad_images.txt", plan.train.paths(), max_image_pixels=10**8,
+                              context="epoch 1", diagnose_path=reader.diagnose)
+    tracker.observe(positions)
+    assert tracker.finish(0, 24) == 1
+    ((position, path, reason),) = tracker.last_bad
+    assert (position, path) == (13, victim)
+    assert reason == (f"cannot be decoded: its record in {shard} at byte {offset - 12:,} fails its checksum (damaged "
+                      f"on disk); delete that shard and run `deepdanbooru pack {project}` to pack it again")
+    assert tracker.reasons == {"cannot be decoded": 1}
+    assert f"epoch 1\t13\t{victim}\t{reason}" in (project / "logs" / "bad_images.txt").read_text()
+
+    result = CliRunner().invoke(main, ["pack", str(project), "--verify"])
+    assert result.exit_code == exitcodes.FAILED, result.output
+    key = victim[len(str(plan.train.images_dir)) + 1:]
+    assert f"bad record: {key}: cannot be decoded: its record in {shard} at byte {offset - 12:,}" in result.output
+    assert result.output.splitlines()[-1].startswith("24 records checked in ") and result.output.endswith(": 1 bad\n")
+
+    # Deleting the damaged shard and packing again repacks it alone; then every record checks out.
+    shard.unlink()
+    assert pack_project(project, shard_records=10, **QUIET).packed_now == 1
+    result = CliRunner().invoke(main, ["pack", str(project), "--verify"])
+    assert result.exit_code == 0 and result.output.endswith(": all good\n"), result.output
+
+
+def test_pack_verify_without_shards_is_one_line(tmp_path, sample_dataset):
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags)
+    result = CliRunner().invoke(main, ["pack", str(project), "--verify"])
+    assert result.exit_code == exitcodes.USAGE
+    assert "no finished shard set to verify" in result.output and "Traceback" not in result.output
 
 
 def test_unfinished_pack_is_never_read_and_packing_resumes(tmp_path, sample_dataset, monkeypatch):
@@ -354,3 +401,100 @@ def test_training_from_shards_resumes_exactly_and_counts_bad_images(tmp_path, sa
     assert read_state(resumed)["used_sample"] == 46
     for name in ("model-resnet_small.e2.keras", "model-resnet_small.keras"):
         assert_same_weights(project / name, resumed / name)
+
+
+@pytest.fixture
+def with_validation(tmp_path, sample_dataset):
+    """A tiny project with a validation split, packed (training and validation parts)."""
+    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
+    project = make_project(tmp_path / "project", database, tags, validation_fraction=0.3)
+    lines = []
+    pack_project(project, echo=lines.append, shard_records=10)
+    return project, lines
+
+
+def _scored(project):
+    from deepdanbooru.pipeline.packed import scoring_input
+
+    plan = plan_training(project)
+    scoring = scoring_input(project, plan.config, plan.validation, plan.tags)
+    return plan, scoring, list(scoring.dataset.as_numpy_iterator())
+
+
+def test_validation_pictures_are_packed_at_the_image_size_and_scored_from_the_shards(with_validation):
+    project, lines = with_validation
+    plan, scoring, packed = _scored(project)
+    count = len(plan.validation)
+    assert 0 < count < 24 and f"Packing {count} validation pictures at 32x32 into 1 shard" in lines
+    assert lines[-1] == f"Packed {count} validation pictures"
+    manifest = json.loads((project / "shards" / "manifest.json").read_text())
+    assert manifest["validation"]["made_from"]["box"] == [32, 32] and manifest["validation"]["pictures"] == count
+    assert scoring.source == str(project / "shards") and scoring.notice is None
+    shutil.move(project / "shards", project.parent / "aside")
+    _, original, files = _scored(project)
+    assert original.source == "original files" and original.notice is None
+    for a, b in zip(files, packed, strict=True):
+        np.testing.assert_array_equal(a["position"], b["position"])
+        np.testing.assert_array_equal(a["label"], b["label"])
+        assert np.abs(a["image"] - b["image"]).mean() < 0.02  # only the JPEG re-encoding differs
+    shutil.move(project.parent / "aside", project / "shards")
+    again = []
+    pack_project(project, echo=again.append, shard_records=10)
+    assert again == [f"{project / 'shards'}: up to date (24 pictures in 3 shards, {count} validation pictures)"]
+    # Preflight then asks for no original file at all, validation posts included.
+    shutil.rmtree(plan.train.images_dir)
+    results = preflight(project)
+    assert failed(results) == [], results
+    assert results["shards"][1].endswith(f"; validation reads its {count} pictures from the validation part")
+
+
+def test_a_shard_set_packed_without_validation_says_how_to_add_it_and_pack_adds_only_that(with_validation):
+    project, _ = with_validation
+    directory = project / "shards"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    del manifest["validation"]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    (directory / "validation-00000.tfrecord").unlink()
+    (directory / "validation-00000.json").unlink()
+    _, scoring, batches = _scored(project)
+    assert scoring.source == "original files" and sum(len(b["position"]) for b in batches) == len(scoring.paths)
+    assert scoring.notice == (f"notice: {directory} has no validation part (packed before validation pictures were "
+                              "packed); the pictures are read from their original files; "
+                              f"`deepdanbooru pack {project}` adds it and keeps the training shards")
+    lines = []
+    assert pack_project(project, echo=lines.append, shard_records=10).packed_now == 0  # training shards kept
+    assert lines[0].startswith("Packing ") and "validation pictures at 32x32" in lines[0]
+    assert _scored(project)[1].source == str(directory)
+
+
+def test_a_damaged_validation_record_is_a_named_bad_image(with_validation):
+    from deepdanbooru.pipeline import BadImageTracker
+
+    project, _ = with_validation
+    plan, scoring, _ = _scored(project)
+    index = json.loads((project / "shards" / "validation-00000.json").read_text())
+    key, offset, length = index["records"][1]
+    shard = project / "shards" / "validation-00000.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[offset + length - 40] ^= 0x01
+    shard.write_bytes(bytes(data))
+    _, scoring, batches = _scored(project)
+    tracker = BadImageTracker(project / "logs" / "bad_images.txt", scoring.paths, max_image_pixels=10**8,
+                              context="validation", diagnose_path=scoring.diagnose)
+    for batch in batches:
+        tracker.observe(batch["position"])
+    assert tracker.finish(0, len(scoring.paths)) == 1
+    ((_, path, reason),) = tracker.last_bad
+    assert path.endswith(key) and reason.startswith(f"cannot be decoded: its record in {shard} at byte {offset - 12:,}")
+
+
+def test_a_missing_validation_shard_falls_back_with_a_notice_and_pack_restores_it(with_validation):
+    project, _ = with_validation
+    (project / "shards" / "validation-00000.tfrecord").unlink()
+    _, scoring, _ = _scored(project)
+    assert scoring.source == "original files"
+    assert scoring.notice == (f"notice: {project / 'shards'}: a validation shard is missing or cut short; the "
+                              f"pictures are read from their original files; `deepdanbooru pack {project}` packs it "
+                              "again")
+    assert pack_project(project, shard_records=10, **QUIET).packed_now == 0
+    assert _scored(project)[1].source == str(project / "shards")

@@ -116,7 +116,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
     from deepdanbooru.models.files import load_model_file
     from deepdanbooru.models.losses import project_loss
-    from deepdanbooru.pipeline import Fill, diagnose, inference_dataset
+    from deepdanbooru.pipeline.packed import scoring_input
     from deepdanbooru.pipeline.gaps import PositionGaps
     from deepdanbooru.scoring.scorer import BatchScorer, measure
 
@@ -124,10 +124,11 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     model = load_model_file(files.model)
     check_output_width(model, files.model, tags, files.tags)
     height, width = model_input_size(model, files.model, config)
-    paths = records.paths()
-    dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size,
-                                max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
-                                tags=tags, fill=Fill.from_config(config))
+    scoring = scoring_input(config.project_dir, config, records, tags, height=height, width=width,
+                            batch_size=batch_size)
+    if scoring.notice:
+        echo_err(scoring.notice)
+    paths, dataset = scoring.paths, scoring.dataset
     gaps = PositionGaps()
     try:
         metrics = measure(BatchScorer(model, project_loss(config, "none"), height, width), dataset, threshold,
@@ -137,7 +138,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
         raise ModelError(file_field(files.model, None, f"unusable scores: {error}")) from None
     summary = MetricsSummary(model=files.model, split=split, records=len(paths), result=metrics.result())
     for index in gaps.missing(range(len(paths))).tolist():
-        reason = diagnose(paths[index], config.max_image_pixels)
+        reason = scoring.diagnose(paths[index], config.max_image_pixels)
         summary.skipped.append((Path(paths[index]), reason))
         echo_err(f"skipped {paths[index]}: {reason}")
     if metrics.samples == 0:

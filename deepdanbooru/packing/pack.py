@@ -10,6 +10,7 @@ would read.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -27,10 +28,11 @@ from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.shards import (
-    BYTES_PER_PIXEL_GUESS, MANIFEST, PLAN, SHARDS_DIR, TARGET_SHARD_BYTES, index_name, made_from, rebuild_command,
-    record_key, shard_name,
+    BYTES_PER_PIXEL_GUESS, MANIFEST, PLAN, SHARDS_DIR, TARGET_SHARD_BYTES, TRAINING_PART, VALIDATION_PART, index_name,
+    made_from, rebuild_command, record_key, shard_name, validation_made_from,
 )
 from deepdanbooru.project.tags import load_tags
+from deepdanbooru.scoring.split import split_records
 from deepdanbooru.wording import plural
 
 
@@ -59,13 +61,25 @@ def _read_json(path: Path):
         return None
 
 
-def _clear(directory: Path) -> None:
+_PARTS = (f"{TRAINING_PART}-", f"{VALIDATION_PART}-")
+
+
+def _clear(directory: Path, parts=_PARTS) -> None:
     """Remove what an earlier pack wrote (shards, indexes, manifest, half-written files), nothing else."""
     for path in directory.iterdir():
         name = path.name
-        if name in (MANIFEST, PLAN) or (name.startswith("shard-") and name.endswith((".tfrecord", ".json"))) \
-                or (name.startswith(".shard-") and name.endswith(".tmp")):
+        written = name.startswith(parts) and name.endswith((".tfrecord", ".json"))
+        staged = name.startswith(tuple("." + part for part in parts)) and name.endswith(".tmp")
+        if (parts == _PARTS and name in (MANIFEST, PLAN)) or written or staged:
             path.unlink()
+
+
+def _shards_whole(directory: Path, manifest: dict) -> bool:
+    """Every shard the manifest lists is there at its packed size (one deleted or cut short is packed again)."""
+    try:
+        return all((directory / entry["file"]).stat().st_size == entry["bytes"] for entry in manifest["shards"])
+    except (OSError, KeyError, TypeError):
+        return False
 
 
 def _finished(directory: Path, number: int, plan_digest: str):
@@ -100,6 +114,7 @@ def pack_shard(number: int, start: int, stop: int) -> dict:
     context = _JOB_CONTEXT
     directory, images_dir = Path(context["directory"]), context["images_dir"]
     paths = context["paths"][start:stop]
+    part = context.get("part", TRAINING_PART)
     fit = fit_function(tuple(context["box"]), context["max_image_pixels"], context["alpha"])
     dataset = tf.data.Dataset.from_tensor_slices((tf.constant(paths, tf.string), np.arange(len(paths))))
     dataset = dataset.map(lambda path, i: (fit(path), i), num_parallel_calls=context["parallel"],
@@ -122,10 +137,10 @@ def pack_shard(number: int, start: int, stop: int) -> dict:
     tf.io.gfile.remove(temporary)
     bad = [[record_key(paths[i], images_dir), diagnose(paths[i], context["max_image_pixels"])]
            for i in range(len(paths)) if i not in packed]
-    index = {"plan": context["plan_digest"], "file": shard_name(number), "bytes": len(data), "records": records,
+    index = {"plan": context["plan_digest"], "file": shard_name(number, part), "bytes": len(data), "records": records,
              "bad": bad}
-    write_bytes_atomic(directory / shard_name(number), data)
-    write_text_atomic(directory / index_name(number), json.dumps(index))
+    write_bytes_atomic(directory / shard_name(number, part), data)
+    write_text_atomic(directory / index_name(number, part), json.dumps(index))
     return index
 
 
@@ -166,10 +181,19 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
     content = {key: value for key, value in source.items() if key not in ("project", "database")}
     plan = {"made_from": content, "records_per_shard": per_shard, "shards": count}
     plan_digest = _digest(plan)
+    validation = split_records(records, config.validation_fraction, config.seed)[1]
+    validation_plan = validation_made_from(config, paths.tags, validation)
     manifest = _read_json(directory / MANIFEST)
-    if isinstance(manifest, dict) and manifest.get("plan") == plan_digest:
-        echo(f"{directory}: up to date ({plural(manifest['pictures'], 'picture')} in {plural(count, 'shard')})")
-        return PackSummary(manifest["pictures"], manifest["bad"], count, manifest["bytes"], 0, 0.0)
+    if isinstance(manifest, dict) and manifest.get("plan") == plan_digest and _shards_whole(directory, manifest):
+        part = manifest.get("validation")
+        if isinstance(part, dict) and part.get("plan") == _digest(validation_plan) and _shards_whole(directory, part):
+            held = f", {plural(part['pictures'], 'validation picture')}" if part["pictures"] else ""
+            echo(f"{directory}: up to date ({plural(manifest['pictures'], 'picture')} in "
+                 f"{plural(count, 'shard')}{held})")
+            return PackSummary(manifest["pictures"], manifest["bad"], count, manifest["bytes"], 0, 0.0)
+        _pack_validation(paths, directory, manifest, validation, validation_plan, tags, config, echo)
+        return PackSummary(manifest["pictures"], manifest["bad"], count, manifest["bytes"], 0,
+                           time.perf_counter() - began)
     directory.mkdir(parents=True, exist_ok=True)
     if _read_json(directory / PLAN) != plan:
         _clear(directory)
@@ -210,8 +234,50 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
     except KeyboardInterrupt:
         raise Interrupted(f"packing stopped with {sum(i is not None for i in indexes.values())} of {count} "
                           f"shards finished; `{rebuild_command(paths.root)}` continues") from None
-    return _finish(paths, directory, source, plan_digest, [indexes[n] for n in range(count)], config,
-                   len(jobs), time.perf_counter() - began, echo)
+    summary = _finish(paths, directory, source, plan_digest, [indexes[n] for n in range(count)], config,
+                      len(jobs), time.perf_counter() - began, echo)
+    _pack_validation(paths, directory, _read_json(directory / MANIFEST), validation, validation_plan, tags, config,
+                     echo)
+    return dataclasses.replace(summary, seconds=time.perf_counter() - began)
+
+
+def _pack_validation(paths, directory, manifest, validation, plan, tags, config, echo) -> None:
+    """Pack the validation records as scoring fits them (image size, no augmentation) and add them to the manifest.
+
+    Small (validation_fraction of the records), so packed whole in this process whenever it is out of date.
+    """
+    if manifest.pop("validation", None) is not None:
+        # First unlisted, then removed: a reader never meets a listed part whose files are gone.
+        write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
+    _clear(directory, (f"{VALIDATION_PART}-",))
+    digest = _digest(plan)
+    per_shard = records_per_shard(plan["box"])
+    count = math.ceil(len(validation) / per_shard)
+    context = {"directory": str(directory), "images_dir": str(validation.images_dir), "paths": validation.paths(),
+               "tag_strings": validation.tag_strings, "tags": tags, "box": plan["box"],
+               "max_image_pixels": config.max_image_pixels, "alpha": plan["alpha"], "plan_digest": digest,
+               "parallel": max(1, os.cpu_count() or 1), "part": VALIDATION_PART}
+    if count:
+        echo(f"Packing {plural(len(validation), 'validation picture')} at {plan['box'][0]}x{plan['box'][1]} into "
+             f"{plural(count, 'shard')}")
+    jobs = [(n, n * per_shard, min(len(validation), (n + 1) * per_shard)) for n in range(count)]
+    indexes = [index for _, index in _run(jobs, 1, context)]
+    bad = {f"{validation.images_dir}/{key}": reason for index in indexes for key, reason in index["bad"]}
+    if bad:
+        order = sorted(bad)
+        from deepdanbooru.pipeline.badimages import BadImageTracker
+
+        BadImageTracker(paths.bad_images, order, max_image_pixels=config.max_image_pixels, context="pack validation",
+                        diagnose_path=lambda path, _: bad[path]).finish(0, len(order))
+    pictures = sum(len(index["records"]) for index in indexes)
+    manifest["validation"] = {
+        "plan": digest, "made_from": plan, "pictures": pictures, "bad": len(bad),
+        "bytes": sum(index["bytes"] for index in indexes),
+        "shards": [{"file": index["file"], "index": index_name(n, VALIDATION_PART), "bytes": index["bytes"],
+                    "pictures": len(index["records"]), "bad": len(index["bad"])} for n, index in enumerate(indexes)]}
+    write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
+    if count:
+        echo(f"Packed {plural(pictures, 'validation picture')}" + (f" ({len(bad)} could not be read)" if bad else ""))
 
 
 def _finish(paths, directory, source, plan_digest, indexes, config, packed_now, seconds, echo) -> PackSummary:

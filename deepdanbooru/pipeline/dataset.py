@@ -203,8 +203,12 @@ def training_dataset(paths, tag_strings, tags, options: TrainingInput, *, random
 
 
 def inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag_strings=None, tags=None,
-                      num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True, fill=Fill()):
-    """Unaugmented batches (fit, centre, pad as `fill` says); labels only when tag_strings and tags are given."""
+                      num_parallel_calls=AUTOTUNE, jpeg_dct_scaling=True, fill=Fill(), shards=None):
+    """Unaugmented batches (fit, centre, pad as `fill` says); labels only when tag_strings and tags are given.
+
+    `shards`: a packed.ShardReader of pictures already fitted at (height, width) (the validation part) to read
+    instead of the files at `paths`.
+    """
     if (tag_strings is None) != (tags is None):
         raise ValueError("give both tag_strings and tags, or neither")
     positions = np.arange(len(paths), dtype=np.int64)
@@ -212,7 +216,7 @@ def inference_dataset(paths, *, height, width, batch_size, max_image_pixels, tag
     return _build(
         records, output_size=(height, width), augmentation=None, seeds=(0, 0),
         batch_size=batch_size, max_image_pixels=max_image_pixels, tags=tags,
-        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, fill=fill,
+        num_parallel_calls=num_parallel_calls, jpeg_dct_scaling=jpeg_dct_scaling, fill=fill, shards=shards,
     )
 
 

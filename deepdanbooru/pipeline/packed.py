@@ -1,21 +1,23 @@
 """Shards in and out of the graph: the picture fitted to the training box as JPEG bytes, and reading it back.
 
 Training visits records in a seeded permutation, so a slice needs random
-access into the shards; TensorFlow's record readers only read forwards (an
+access into the shards; TensorFlow's record datasets only read forwards (an
 offset is skipped by reading up to it: 7-10 ms a record in 150 MB files), so
-the Example bytes are sliced from memory-mapped shards by the offsets in the
-index, then parsed in the graph. The picture then takes the same fit and warp
+each record is read at the offset in the index by TensorFlow's random-access
+record reader, which checks the record's CRCs, then parsed in the graph. The picture then takes the same fit and warp
 ops as an original file.
 """
 
 from __future__ import annotations
 
 import functools
-import mmap
+import threading
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
+from deepdanbooru.compat import checked_record_reader
 from deepdanbooru.pipeline.decode import decode_for_box
 from deepdanbooru.pipeline.fill import Fill
 from deepdanbooru.pipeline.transform import fit_into_box
@@ -28,35 +30,56 @@ FEATURES = {
 }
 
 
+# TFRecord framing: the record's 8-byte length and that length's 4-byte CRC come before its bytes.
+FRAMING_HEAD = 12
+
+
 class ShardReader:
-    """Example bytes by image path, from memory-mapped shards; b"" for a picture the shards do not hold."""
+    """Example bytes by image path, each checked against its TFRecord CRCs; b"" for a picture not in the shards.
+
+    A record whose bytes no longer match their checksum (a flipped bit on disk or in a copy) raises
+    tf.errors.DataLossError, so the pipeline drops it like an undecodable file and diagnose() names it.
+    Each thread keeps its own file readers: tf.data calls read() from several threads at once.
+    """
 
     def __init__(self, index):
         self.index = index
-        self._maps = []
-        for path in index.files:
-            try:
-                with open(path, "rb") as handle:
-                    self._maps.append(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-                                      if handle.seek(0, 2) else b"")
-            except FileNotFoundError:
-                self._maps.append(b"")
+        self._local = threading.local()
+
+    def _reader(self, number: int):
+        readers = self._local.__dict__.setdefault("readers", {})
+        if number not in readers:
+            readers[number] = checked_record_reader(self.index.files[number])
+        return readers[number]
 
     def read(self, path) -> bytes:
         if isinstance(path, (bytes, np.bytes_)):
             path = path.decode("utf-8")
         location = self.index.locations.get(path)
-        if location is None:
+        if location is None or self.index.known_reason(path):
             return b""
         number, offset, length = location
-        data = self._maps[number][offset:offset + length]
-        return bytes(data) if len(data) == length else b""
+        record, _ = self._reader(number).read(offset - FRAMING_HEAD)
+        if len(record) != length:
+            raise tf.errors.DataLossError(None, None, f"record length {len(record)}, the index says {length}")
+        return record
+
+    def damage(self, path) -> str | None:
+        """Why the record of `path` cannot be read from its shard (damaged, cut short), or None when it can."""
+        try:
+            self.read(path)
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError, OSError) as error:
+            number, offset, _ = self.index.locations[str(path)]
+            what = "fails its checksum" if isinstance(error, tf.errors.DataLossError) else "cannot be read"
+            return (f"cannot be decoded: its record in {self.index.files[number]} at byte {offset - FRAMING_HEAD:,} "
+                    f"{what} (damaged on disk); delete that shard and run `{self.index.rebuild}` to pack it again")
+        return None
 
     def diagnose(self, path, max_image_pixels) -> str:
         from deepdanbooru.pipeline.badimages import UNEXPLAINED, diagnose_bytes
 
         path = str(path)
-        known = self.index.known_reason(path)
+        known = self.index.known_reason(path) or self.damage(path)
         if known:
             return known
         try:
@@ -76,6 +99,41 @@ class ShardReader:
         data = tf.io.parse_single_example(tf.ensure_shape(data, []), FEATURES)["image"]
         image = tf.io.decode_jpeg(data, channels=3)
         return image, tf.shape(image, out_type=tf.int64)[:2]
+
+
+@dataclass
+class ScoringInput:
+    """Unaugmented, labelled batches of the project's pictures, and how to explain the ones that drop out."""
+
+    dataset: object  # tf.data.Dataset of inference_dataset's dicts
+    paths: list  # paths[position]
+    diagnose: object  # (path, max_image_pixels) -> reason, for BadImageTracker(diagnose_path=)
+    source: str  # where the pictures come from: the shards folder or "original files"
+    notice: str | None  # why packed pictures are not used although the project has shards
+
+
+def scoring_input(root, config, records, tags, *, height=None, width=None, batch_size=None) -> ScoringInput:
+    """The project's pictures of `records` (its validation split, usually) as scoring reads them.
+
+    From the shard set's validation part when it holds every one of them fitted at (height, width) (default:
+    the project's image size), else from the original files, with `notice` saying why. Validation during
+    training and evaluate-project read through here; so should every command that scores the project's own
+    pictures. The pictures read from shards differ from the originals' only by the JPEG re-encoding.
+    """
+    from deepdanbooru.pipeline.badimages import diagnose
+    from deepdanbooru.pipeline.dataset import inference_dataset
+    from deepdanbooru.pipeline.fill import Fill
+    from deepdanbooru.project.shards import scoring_shards
+
+    height, width = height or config.image_height, width or config.image_width
+    index, notice = scoring_shards(root, config, records, (height, width))
+    reader = ShardReader(index) if index is not None else None
+    paths = records.paths()
+    dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size or config.minibatch_size,
+                                max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
+                                tags=list(tags), fill=Fill.from_config(config), shards=reader)
+    return ScoringInput(dataset, paths, reader.diagnose if reader else diagnose,
+                        str(index.directory) if index else "original files", notice)
 
 
 @functools.lru_cache(maxsize=8)

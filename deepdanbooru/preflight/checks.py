@@ -25,7 +25,7 @@ from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import FIT, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.resume import describe_resume_point, fine_tuned_network, resume_point
-from deepdanbooru.project.shards import SHARDS_DIR, training_shards
+from deepdanbooru.project.shards import SHARDS_DIR, scoring_shards, training_shards
 from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import load_tags, tags_hash
 from deepdanbooru.runstate.lock import owner_is_stale, read_owner
@@ -55,6 +55,7 @@ class Run:
         self.image_paths: list[tuple[int, str, object]] = []  # (id, path, ImageInfo) of readable sampled images
         self.rows_usable = False  # every eligible row has an integer id and a safe md5 (the md5 check passed)
         self.shards = None  # project.shards.ShardIndex when train-project will read the packed pictures
+        self.validation_shards = None  # the same for the validation pictures (the shards' validation part)
 
     def need(self, what: str):
         value = getattr(self, what)
@@ -232,9 +233,18 @@ def check_shards(run: Run):
     run.shards = training_shards(run.paths.root, config, run.paths.tags, eligible)
     if run.shards is None:
         return PASS, f"{directory} is empty: train-project reads the original image files"
+    fraction, seed = config.validation_fraction, config.seed
+    validation = eligible.subset([i for i, key in enumerate(eligible.split_keys)
+                                  if in_validation(int(key), fraction, seed)])
+    run.validation_shards, notice = scoring_shards(run.paths.root, config, validation,
+                                                   (config.image_height, config.image_width))
+    if run.validation_shards is not None and len(validation):
+        scored = f"validation reads its {len(validation):,} pictures from the validation part"
+    else:
+        scored = notice.removeprefix("notice: ") if notice and len(validation) \
+            else "validation reads the original files"
     detail = (f"train-project will read the training pictures from {directory} ({len(run.shards.locations):,} "
-              f"packed in {len(run.shards.files)} shard(s), {len(run.shards.bad):,} could not be packed); "
-              "validation reads the original files")
+              f"packed in {len(run.shards.files)} shard(s), {len(run.shards.bad):,} could not be packed); {scored}")
     warned = run.shards.warnings()
     if warned:
         return WARN, f"{detail}; " + "; ".join(warned)
@@ -243,9 +253,11 @@ def check_shards(run: Run):
 
 def _packed_reason(run: Run, split, row_id, path: str):
     """(True, why the shards cannot give it, or None) for a post training reads from the shards; else (False, None)."""
-    if run.shards is None or in_validation(split.get(row_id, row_id), run.config.validation_fraction,
-                                           run.config.seed):
+    if run.shards is None:
         return False, None
+    if in_validation(split.get(row_id, row_id), run.config.validation_fraction, run.config.seed):
+        part = run.validation_shards
+        return (False, None) if part is None else (True, part.known_reason(path))
     return True, run.shards.known_reason(path)
 
 
@@ -261,7 +273,8 @@ def check_images(run: Run):
     bad, mismatched = [], []
     formats, sizes = Counter(), set()
     checked = packed = 0
-    # With shards only validation posts are read from their files: say so, or a deleted original puzzles.
+    # With shards, only validation posts outside a usable validation part are read from their files: say so,
+    # or a deleted original puzzles.
     original = " (a validation post: validation reads its original file)" if run.shards is not None else ""
     for row_id, md5, ext, _ in run.sample:
         if _unsafe_row(row_id, md5):
@@ -299,7 +312,7 @@ def check_images(run: Run):
         raise _Skip("no sampled post has a safe md5")
     found = []
     if packed:
-        found.append(f"{packed:,} training picture(s) packed in {run.shards.directory} (train-project reads them "
+        found.append(f"{packed:,} picture(s) packed in {run.shards.directory} (train-project reads them "
                      "from there, not from the original files)")
     if sizes:
         smallest, largest = min(sizes, key=lambda s: s[0] * s[1]), max(sizes, key=lambda s: s[0] * s[1])

@@ -56,12 +56,15 @@ def pack_box(config) -> tuple[int, int]:
     return tuple(int(math.floor(side + 1e-6)) for side in training_box(config))
 
 
-def shard_name(number: int) -> str:
-    return f"shard-{number:05d}.tfrecord"
+TRAINING_PART, VALIDATION_PART = "shard", "validation"
 
 
-def index_name(number: int) -> str:
-    return f"shard-{number:05d}.json"
+def shard_name(number: int, part: str = TRAINING_PART) -> str:
+    return f"{part}-{number:05d}.tfrecord"
+
+
+def index_name(number: int, part: str = TRAINING_PART) -> str:
+    return f"{part}-{number:05d}.json"
 
 
 def record_key(path: str, images_dir) -> str:
@@ -97,6 +100,21 @@ def made_from(root, config, tags_path, records) -> dict:
         "max_image_pixels": config.max_image_pixels,
         "tags_sha256": tags_digest(tags_path),
         "database": str(records.database_path),
+        "records": len(records),
+        "records_sha256": records_digest(keys, records.tag_strings),
+    }
+
+
+def validation_made_from(config, tags_path, records) -> dict:
+    """What the validation part depends on: the validation records (`records`), fitted as scoring fits them."""
+    keys = [record_key(path, records.images_dir) for path in records.paths()]
+    return {
+        "format": FORMAT,
+        "box": [config.image_height, config.image_width],
+        "alpha": config.alpha,
+        "encoding": f"jpeg quality {JPEG_QUALITY} 4:2:0",
+        "max_image_pixels": config.max_image_pixels,
+        "tags_sha256": tags_digest(tags_path),
         "records": len(records),
         "records_sha256": records_digest(keys, records.tag_strings),
     }
@@ -198,16 +216,23 @@ def open_shards(root, config, tags_path, records) -> ShardIndex | None:
         raise TrainingError(file_field(
             manifest_path, None, f"stale shards{other}: they {'; they '.join(reasons)}; rebuild them with "
                                  f"`{rebuild}`"))
-    images_dir = records.images_dir
+    return read_shard_set(directory, prefix=f"{records.images_dir}/", rebuild=rebuild, manifest=manifest)
+
+
+def read_shard_set(directory, prefix: str, rebuild: str | None = None, manifest: dict | None = None) -> ShardIndex:
+    """The indexes of the shard set in `directory` (whose manifest is finished), keyed by prefix + key."""
+    directory = Path(directory)
+    rebuild = rebuild or rebuild_command(directory.parent)
+    manifest = manifest if manifest is not None else _read_json(directory / MANIFEST)
     files, sizes, locations, bad, truncated = [], [], {}, {}, {}
     for number, entry in enumerate(manifest.get("shards", [])):
         index = _read_json(directory / entry["index"])
         files.append(directory / entry["file"])
         sizes.append(int(index["bytes"]))
         for key, offset, length in index["records"]:
-            locations[f"{images_dir}/{key}"] = (number, int(offset), int(length))
+            locations[f"{prefix}{key}"] = (number, int(offset), int(length))
         for key, reason in index["bad"]:
-            bad[f"{images_dir}/{key}"] = reason
+            bad[f"{prefix}{key}"] = reason
         try:
             found = files[-1].stat().st_size
         except FileNotFoundError:
@@ -215,6 +240,49 @@ def open_shards(root, config, tags_path, records) -> ShardIndex | None:
         if found < sizes[-1]:
             truncated[number] = found
     return ShardIndex(directory, files, sizes, locations, bad, rebuild, truncated)
+
+
+def scoring_shards(root, config, records, size) -> tuple[ShardIndex | None, str | None]:
+    """(the packed validation part, None) when it holds every picture of `records` fitted at `size` (height, width).
+
+    Otherwise (None, a notice saying why and how to pack it), and the pictures are read from their original
+    files; (None, None) for a project without a finished shard set. Only the pictures come from the part:
+    labels come from the records being scored, so a tags.txt change needs no repacking here.
+    """
+    root = Path(root)
+    directory = root / SHARDS_DIR
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        return None, None
+    rebuild = rebuild_command(root)
+    fallback = "the pictures are read from their original files"
+    manifest = _read_json(manifest_path)
+    part = manifest.get("validation")
+    if not isinstance(part, dict):
+        return None, (f"notice: {directory} has no validation part (packed before validation pictures were "
+                      f"packed); {fallback}; `{rebuild}` adds it and keeps the training shards")
+    packed = part.get("made_from", {})
+    wanted = {"format": FORMAT, "box": [int(size[0]), int(size[1])], "alpha": config.alpha,
+              "max_image_pixels": config.max_image_pixels}
+    changed = [key for key, value in wanted.items() if packed.get(key) != value]
+    if changed:
+        return None, (f"notice: {directory}: the validation pictures were packed with "
+                      + ", ".join(f"{key} {packed.get(key)}" for key in changed) + " and scoring now needs "
+                      + ", ".join(f"{key} {wanted[key]}" for key in changed)
+                      + f"; {fallback}; `{rebuild}` repacks them")
+    try:
+        index = read_shard_set(directory, prefix=f"{records.images_dir}/", rebuild=rebuild, manifest=part)
+    except TrainingError as error:
+        return None, f"notice: {error}; {fallback}"
+    if index.truncated:
+        return None, (f"notice: {directory}: a validation shard is missing or cut short; {fallback}; `{rebuild}` "
+                      "packs it again")
+    paths = records.paths()
+    missing = sum(1 for path in paths if str(path) not in index.locations and str(path) not in index.bad)
+    if missing:
+        return None, (f"notice: {missing} of the {len(paths)} pictures to score are not in {directory}'s validation "
+                      f"part (the split or the database changed since packing); {fallback}; `{rebuild}` packs them")
+    return index, None
 
 
 def training_shards(root, config, tags_path, records) -> ShardIndex | None:

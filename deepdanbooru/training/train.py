@@ -19,7 +19,7 @@ from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.resume import fine_tuned_network
-from deepdanbooru.project.shards import ShardIndex, training_shards
+from deepdanbooru.project.shards import ShardIndex, scoring_shards, training_shards
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
@@ -137,6 +137,13 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
         echo(f"Pictures: packed, from {plan.shards.directory}")
         for warning in plan.shards.warnings():
             echo(f"warning: {warning}")
+    if len(plan.validation) and plan.role.is_chief:
+        packed, notice = scoring_shards(plan.paths.root, plan.config, plan.validation,
+                                        (plan.config.image_height, plan.config.image_width))
+        if packed is not None:
+            echo(f"Validation pictures: packed, from {packed.directory}")
+        elif notice:
+            echo(notice)
     _warn_untrusted(plan, echo)
     # In a cluster only the chief locks and writes; the workers read the project and compute.
     with TrainingLock(plan.paths.lock, echo) if plan.role.is_chief else contextlib.nullcontext():

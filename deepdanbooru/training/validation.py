@@ -11,7 +11,8 @@ import numpy as np
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.project.resume import resume_point
-from deepdanbooru.pipeline import BadImageTracker, Fill, inference_dataset
+from deepdanbooru.pipeline import BadImageTracker
+from deepdanbooru.pipeline.packed import scoring_input
 from deepdanbooru.project.categories import category_indices, tag_categories
 from deepdanbooru.scoring.metrics import write_metrics_json, write_thresholds_csv
 from deepdanbooru.scoring.scorer import BatchScorer, measure
@@ -23,13 +24,11 @@ class Validator:
 
     def __init__(self, model, records, tags, config, bad_image_log):
         self.config = config
-        self.paths = records.paths()
+        # From the shards' validation part when the project is packed (pipeline.packed.scoring_input).
+        scoring = scoring_input(config.project_dir, config, records, tags)
+        self.paths, self.dataset, self._diagnose = scoring.paths, scoring.dataset, scoring.diagnose
         self.records = len(self.paths)
         self.bad_image_log = Path(bad_image_log)
-        self.dataset = inference_dataset(
-            self.paths, height=config.image_height, width=config.image_width, batch_size=config.minibatch_size,
-            max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings), tags=list(tags),
-            fill=Fill.from_config(config))
         # The project's loss without tag_loss_weights: the figure evaluate-project --metrics computes too.
         self.scorer = BatchScorer(model, project_loss(config, "none"), config.image_height, config.image_width)
         self.categories = category_indices(tag_categories(list(tags), config.project_dir))
@@ -58,7 +57,7 @@ class Validator:
         if skipped and not self._logged_bad:
             # Once per process: every later pass meets the same files.
             tracker = BadImageTracker(self.bad_image_log, self.paths, max_image_pixels=self.config.max_image_pixels,
-                                      context="validation")
+                                      context="validation", diagnose_path=self._diagnose)
             for positions in seen:
                 tracker.observe(positions)
             tracker.finish(0, self.records)

@@ -38,16 +38,17 @@ def score_split(config, model, model_file: Path, tags, records, categories: dict
                 echo_err=print) -> Scored:
     from deepdanbooru.inference.predict import model_input_size
     from deepdanbooru.models.losses import project_loss
-    from deepdanbooru.pipeline import Fill, diagnose, inference_dataset
     from deepdanbooru.pipeline.gaps import PositionGaps
+    from deepdanbooru.pipeline.packed import scoring_input
     from deepdanbooru.scoring.metrics import ValidationMetrics
     from deepdanbooru.scoring.scorer import BatchScorer
 
     height, width = model_input_size(model, model_file, config)
-    paths = records.paths()
-    dataset = inference_dataset(paths, height=height, width=width, batch_size=batch_size,
-                                max_image_pixels=config.max_image_pixels, tag_strings=list(records.tag_strings),
-                                tags=tags, fill=Fill.from_config(config))
+    scoring = scoring_input(config.project_dir, config, records, tags, height=height, width=width,
+                            batch_size=batch_size)
+    if scoring.notice:
+        echo_err(scoring.notice)
+    paths, dataset = scoring.paths, scoring.dataset
     scorer = BatchScorer(model, project_loss(config, "none"), height, width)
     metrics = ValidationMetrics(scorer.n_tags, threshold=config.validation_threshold, categories=categories)
     pictures = PageCollector(scorer.n_tags)
@@ -70,7 +71,7 @@ def score_split(config, model, model_file: Path, tags, records, categories: dict
         seconds = bar.close()
     scored = Scored(metrics, pictures, seconds=seconds)
     for index in gaps.missing(range(len(paths))).tolist():
-        reason = diagnose(paths[index], config.max_image_pixels)
+        reason = scoring.diagnose(paths[index], config.max_image_pixels)
         scored.skipped.append((paths[index], reason))
         echo_err(f"skipped {paths[index]}: {reason}")
     if metrics.samples == 0:

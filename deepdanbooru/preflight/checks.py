@@ -432,6 +432,10 @@ def _mismatch(run: Run, state: dict) -> str | None:
         saved = (state.get("image_height"), state.get("image_width"))
         if None not in saved and saved != (config.image_height, config.image_width):
             found.append(f"input {saved[0]}x{saved[1]} (project.json: {config.image_height}x{config.image_width})")
+        blocks = state.get("trainable_blocks")  # absent before the key existed: null
+        if blocks != config.trainable_blocks:
+            found.append(f"trainable_blocks {'null' if blocks is None else blocks} (project.json: "
+                         f"{'null' if config.trainable_blocks is None else config.trainable_blocks})")
     if run.tags is not None and "tags_hash" in state and state["tags_hash"] != tags_hash(run.tags):
         found.append("a different tags.txt")
     return ", ".join(found) or None

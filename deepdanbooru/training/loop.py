@@ -25,6 +25,7 @@ SliceTrainer composes the parts, each with one job: making the model
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import keras
@@ -34,6 +35,7 @@ from deepdanbooru.errors import Interrupted, TrainingError, file_field
 from deepdanbooru.models import make_optimizer
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors
+from deepdanbooru.models.partial import partial_training
 from deepdanbooru.models.precision import MIXED, choose_policy
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.runstate.state import Counters, RunIdentity
@@ -42,7 +44,7 @@ from deepdanbooru.training.checkpointing import CheckpointKeeper, latest_checkpo
 from deepdanbooru.training.ema import WeightAverage
 from deepdanbooru.training.fit_monitor import FitMonitor
 from deepdanbooru.training.freeze import BackboneFreeze
-from deepdanbooru.training.making import Priors, make_model
+from deepdanbooru.training.making import Priors, make_model, network_label
 from deepdanbooru.training.network import Network, recorded_network
 from deepdanbooru.training.outputs import Outputs
 from deepdanbooru.training.reporting import RunReport
@@ -100,22 +102,30 @@ class SliceTrainer:
         _enable_determinism(self.config.seed)
         self.policy = choose_policy(self.config.mixed_precision, plan.force_mixed_precision, echo)
         self.identity = RunIdentity(self.config.model, self.config.image_height, self.config.image_width,
-                                    tags_hash(plan.tags), len(plan.tags))
+                                    tags_hash(plan.tags), len(plan.tags), self.config.trainable_blocks)
         self.records_hash = records_hash(plan.train)
         self.latest = latest_checkpoint_of_setup(self.paths, self.identity, self.config.config_path)
         recorded = recorded_network(self.latest, plan.source_model, self.paths.checkpoints)
         with strategy.scope():
             self.model = make_model(plan, self.policy, priors, bool(self.latest), echo,
                                     write_report=self.role.is_chief, recorded=recorded)
+            # Before the optimizer is built: the frozen part gets no slots.
+            self.partial = partial_training(self.model, self.config.model, self.config.trainable_blocks,
+                                            self.config.config_path, network_label(plan, recorded, self.model))
+            if self.partial is not None:
+                self.partial.freeze()
+                echo(self.partial.describe())
             self.optimizer, inner = make_training_optimizer(self.config, self.model, self.policy,
                                                             self.rates.rate(0, 0))
-            self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
+            self.ema = WeightAverage(self.model, self.config.ema_decay, self.partial.frozen if self.partial else ()) \
+                if self.config.ema_decay else None
         if self.role.is_chief:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
         # What every checkpoint records and every line names: the network that trains, and its source.
-        self.network = Network.of(self.model, recorded.source if recorded else plan.source_model)
+        with self.partial.thawed() if self.partial is not None else contextlib.nullcontext():
+            self.network = Network.of(self.model, recorded.source if recorded else plan.source_model)
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
                                        self.monitors, echo)
         restoring = time.monotonic()
@@ -129,7 +139,8 @@ class SliceTrainer:
                               loss_scaled=self.policy == MIXED, ema=self.ema)
         self.step.sums.step.assign(self.counters.used_minibatch)
         self.freeze = BackboneFreeze(self.model, inner, self.config.freeze_backbone_epochs,
-                                     on_change=self.step.retrace, echo=echo)
+                                     on_change=self.step.retrace, echo=echo,
+                                     trains=f"trainable_blocks' {self.partial.part()}" if self.partial else "every layer")
         self.budget = plan.time_budget
         self.report = RunReport(plan, self.schedule, self.rates, self.counters, self.step.sums, self.monitors)
         self.outputs = Outputs(plan, self.model, self.ema, self.monitors)

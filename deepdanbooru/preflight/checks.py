@@ -111,10 +111,12 @@ def check_model(run: Run):
     config = run.need("config")
     recorded = fine_tuned_network(run.paths.checkpoints)
     if recorded is not None:
-        # Resuming rebuilds the checkpoint's network: project.json's model only names the exports.
+        # Resuming rebuilds the checkpoint's network, whatever project.json's model says.
         counts = recorded["parameters"]
+        exports = run.paths.final_export(run.paths.export_name(config.model)).name
         return PASS, (f"{recorded['network']} (fine-tuned from --source-model {recorded['source']}, as the "
-                      f"checkpoint records it; project.json's model {config.model} only names the exports): "
+                      f"checkpoint records it, exported as {exports}; project.json's model {config.model} "
+                      f"is not what trains): "
                       f"input {config.image_height}x{config.image_width}x3, "
                       f"{counts['trainable']:,} trainable and {counts['non_trainable']:,} non-trainable parameters")
     table.check_model_input(config.model, config.input_shape, config.config_path)

@@ -45,7 +45,7 @@ from deepdanbooru.training.ema import WeightAverage
 from deepdanbooru.training.fit_monitor import FitMonitor
 from deepdanbooru.training.freeze import BackboneFreeze
 from deepdanbooru.training.making import Priors, make_model, network_label
-from deepdanbooru.training.network import Network, recorded_network
+from deepdanbooru.training.network import Network, export_name, recorded_network
 from deepdanbooru.training.outputs import Outputs
 from deepdanbooru.training.reporting import RunReport
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
@@ -124,8 +124,13 @@ class SliceTrainer:
             self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
         # What every checkpoint records and every line names: the network that trains, and its source.
+        source = recorded.source if recorded else plan.source_model
+        self.exports = export_name(self.config.model, self.model, source, self.latest)
         with self.partial.thawed() if self.partial is not None else contextlib.nullcontext():
-            self.network = Network.of(self.model, recorded.source if recorded else plan.source_model)
+            self.network = Network.of(self.model, source, self.exports)
+        if self.exports != self.config.model:
+            echo(f"Exports: {self.paths.final_export(self.exports).name} and the others of its name, after the "
+                 f"network that trains (project.json's model {self.config.model} names runs from the model table)")
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
                                        self.monitors, echo)
         restoring = time.monotonic()
@@ -194,7 +199,7 @@ class SliceTrainer:
                 if self.budget is not None:
                     self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
-        self.outputs.export(self.paths.final_export(self.config.model), "final", report.progress())
+        self.outputs.export(self.paths.final_export(self.exports), "final", report.progress())
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
         # records the counters after the epoch end, for preflight to say that training is complete.
         if self.keeper.latest_checkpoint:
@@ -232,7 +237,7 @@ class SliceTrainer:
 
     def _stop_for_time_limit(self) -> Counters:
         """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
-        export = self.paths.stopped_export(self.config.model)
+        export = self.paths.stopped_export(self.exports)
         self.outputs.export(export, "time limit", self.report.progress())
         for monitor in self.monitors:
             monitor.on_train_stopped(self.report.progress())
@@ -253,7 +258,7 @@ class SliceTrainer:
         for monitor in self.monitors:
             monitor.on_epoch_end(self.report.progress(), logs)
         if self.schedule.export_due(c.used_epoch):
-            self.outputs.export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch",
+            self.outputs.export(self.paths.epoch_export(self.exports, c.used_epoch), "epoch",
                                 self.report.progress())
 
     def _check_finite(self) -> None:

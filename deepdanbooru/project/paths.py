@@ -2,7 +2,8 @@
 
 Exports are named `model-<name>...` after the network that trained: project.json's `model` for a run from
 the model table (DeepDanbooru's names), the network's own name for a run from --source-model (an imported
-WD ViT trains as vit_base_patch16_448 whatever `model` says). The run records the name it exports under in
+WD ViT trains as vit_base_patch16_448 whatever `model` says; a source Keras named itself, such as
+functional_1, keeps `model`). The run records the name it exports under in
 its checkpoints and checkpoints/state.json (`exports`), and keeps it when resumed; a checkpoint written
 before the record existed keeps `model`, the name its exports already have. Tools that read a project
 (evaluate, export-bundle, grad-cam, conv2tflite, preflight) take the name from state.json (`export_name`).
@@ -77,7 +78,7 @@ class ProjectPaths:
 
         state, _ = read_state_json(self.checkpoints)
         recorded = state.get("exports") if state else None
-        if isinstance(recorded, str) and recorded == safe_export_name(recorded):
+        if isinstance(recorded, str) and recorded and recorded == safe_export_name(recorded):
             return recorded
         names = {path.name[len("model-"):].split(".", 1)[0] for path in self.root.glob("model-*.*")
                  if path.suffix in (".keras", ".h5")}
@@ -90,7 +91,12 @@ class ProjectPaths:
         return export.with_name(export.stem + ".float32.keras")
 
 
+# The names Keras gives a model nobody named (tf.keras 2 and Keras 3): they say nothing of what trained.
+_UNNAMED = re.compile(r"^(?:functional|model|sequential)(?:_\d+)?$")
+
+
 def safe_export_name(network: str) -> str:
     """`network` (a Keras model's name) as a file-name part: letters, digits, _ and - only (no dots, which
-    separate the name from .e3, .best, ...); "" when nothing is left."""
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", network).strip("_")
+    separate the name from .e3, .best, ...); "" when nothing is left or Keras named it (functional_1, model)."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", network).strip("_")
+    return "" if _UNNAMED.match(name) else name

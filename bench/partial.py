@@ -23,12 +23,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _size(variables) -> int:
-    import math
-
-    return sum(math.prod(int(d) for d in v.shape) for v in variables)
-
-
 def _variant(model_name, size, n_tags, blocks):
     import keras
     import tensorflow as tf
@@ -74,6 +68,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
+    from deepdanbooru.models.builder import parameter_count
+
     tf.config.experimental.enable_op_determinism()
     images = tf.random.stateless_uniform((args.batch, args.size, args.size, 3), seed=[1, 2])
     labels = tf.cast(tf.random.stateless_uniform((args.batch, args.tags), seed=[3, 4]) < 0.05, tf.float32)
@@ -86,9 +82,9 @@ def main(argv=None) -> int:
         label, model, optimizer, step, partial = _variant(args.model, args.size, args.tags, blocks)
         step.bind(spec)
         step(batch)  # trace and first run outside the timing
-        trainable = _size(model.trainable_weights)
+        trainable = parameter_count(model.trainable_weights)
         runs[label] = {"call": step, "trainable": trainable,
-                       "optimizer_state": _size(optimizer.variables),
+                       "optimizer_state": parameter_count(optimizer.variables),
                        "share": partial.describe() if partial else f"every layer, {trainable:,} parameters"}
         if blocks is None:
             forward = _forward(model)

@@ -20,19 +20,10 @@ import contextlib
 from dataclasses import dataclass
 
 from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.models.builder import parameter_count
 from deepdanbooru.models.optimizers import trunk_units, unit_count
 
 KEY = "trainable_blocks"
-
-
-def _size(variables) -> int:
-    total = 0
-    for variable in variables:
-        size = 1
-        for dim in variable.shape:
-            size *= int(dim)
-        total += size
-    return total
 
 
 def _amount(count: int) -> str:
@@ -97,6 +88,6 @@ def partial_training(model, name: str, blocks: int | None, source=None,
     first = count - blocks  # the first unit that trains
     frozen = tuple(layer for layer, unit in units
                    if (unit is None and blocks == 0) or (unit is not None and unit < first))
-    total = _size(model.trainable_weights)
+    total = parameter_count(model.trainable_weights)
     return PartialTraining(blocks, count, groups.unit, frozen,
-                           total - sum(_size(layer.trainable_weights) for layer in frozen), total)
+                           total - sum(parameter_count(layer.trainable_weights) for layer in frozen), total)

@@ -246,3 +246,22 @@ def test_a_network_keras_named_keeps_the_projects_model_name():
 
     assert [safe_export_name(n) for n in ("functional_3", "model", "vit_base_patch16_448", "a/b.c")] == \
         ["", "", "vit_base_patch16_448", "a_b_c"]
+
+
+def test_a_run_keeps_the_export_name_its_checkpoint_records(tmp_path):
+    from deepdanbooru.training.network import Network, NetworkState, export_name
+
+    model, unnamed = _imported("vit_wd"), keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    # Fresh: the network's own name from a source; project.json's model from the table or for a name Keras made.
+    assert export_name("resnet_custom_v2", model, "/x/wd", None) == NETWORK
+    assert export_name("resnet_custom_v2", model, None, None) == "resnet_custom_v2"
+    assert export_name("resnet_custom_v2", unnamed, "/x/old.h5", None) == "resnet_custom_v2"
+    # A checkpoint that records the network but not yet the exports' name (as fine-tunes wrote them before):
+    # its exports are named after project.json's model, and so stay.
+    older = tf.Module(name="network")
+    older.network_name, older.source, older.architecture = (tf.Variable(v) for v in (NETWORK, "/x/wd", "{}"))
+    written = tf.train.Checkpoint(network=older).write(str(tmp_path / "older" / "ckpt-1"))
+    assert export_name("resnet_custom_v2", model, "/x/wd", written) == "resnet_custom_v2"
+    recorded = NetworkState(Network(NETWORK, "/x/wd", "{}", exports=NETWORK))
+    written = tf.train.Checkpoint(network=recorded).write(str(tmp_path / "newer" / "ckpt-1"))
+    assert export_name("resnet_custom_v2", model, "/x/wd", written) == NETWORK

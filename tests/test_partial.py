@@ -265,3 +265,15 @@ def test_a_run_keeps_the_export_name_its_checkpoint_records(tmp_path):
     recorded = NetworkState(Network(NETWORK, "/x/wd", "{}", exports=NETWORK))
     written = tf.train.Checkpoint(network=recorded).write(str(tmp_path / "newer" / "ckpt-1"))
     assert export_name("resnet_custom_v2", model, "/x/wd", written) == NETWORK
+
+
+def test_preflight_says_a_changed_trainable_blocks_will_be_refused(tmp_path):
+    from deepdanbooru.preflight.checks import Run, _mismatch
+
+    (tmp_path / "project.json").write_text(json.dumps({"trainable_blocks": 2}))
+    run = Run(tmp_path)
+    run.config = load_config(tmp_path)
+    assert _mismatch(run, {"model": run.config.model, "trainable_blocks": 1}) == "trainable_blocks 1 (project.json: 2)"
+    assert _mismatch(run, {"model": run.config.model, "trainable_blocks": 2}) is None
+    # A state.json written before the key existed: every layer trained.
+    assert _mismatch(run, {"model": run.config.model}) == "trainable_blocks null (project.json: 2)"

@@ -29,13 +29,15 @@ class ParameterGroups:
     counted on the model itself), then top (final norm, top conv) and the head. `units` maps a layer name to its unit:
     (pattern, offset), the first group of the first matching pattern plus offset. Weight decay: besides
     every bias and every normalization weight, which no family decays, the layers matching `no_decay`
-    keep all their weights undecayed (ConvNeXt's layer scales, the ViT's position table).
+    keep all their weights undecayed (ConvNeXt's layer scales, the ViT's position table). `unit`: what a unit
+    is called in messages (trainable_blocks counts them).
     """
 
     stem: str
     units: tuple[tuple[str, int], ...]
     top: str | None = None
     no_decay: str | None = None
+    unit: str = "stage"
 
     def unit_of(self, layer_name: str) -> int | None:
         """The unit of a trunk layer; -1 for the stem, None for top layers and names this family never builds."""
@@ -71,7 +73,7 @@ class Family:
 _VIT_GROUPS = ParameterGroups(
     stem=r"^vit_(?:patch_embedding|position_embedding|class_token|register_tokens)$",
     units=((r"^vit_block(\d+)_", 0),), top=r"^vit_(?:norm|fc_norm|map_[a-z_\d]+)$",
-    no_decay=r"^vit_(?:position_embedding|class_token|register_tokens|map_latent)$")
+    no_decay=r"^vit_(?:position_embedding|class_token|register_tokens|map_latent)$", unit="block")
 
 FAMILIES: dict[str, Family] = {
     # models.blocks: ours; stem_*, stage{1..}_block{j}_*.

@@ -2,7 +2,9 @@
 stopped run prints works as printed, and every place names the network that trains with one name and count.
 
 The source is the WD-like ViT fixture (a timm checkpoint folder whose config.json says vit_base_patch16_224
-with model_args of 2 blocks, 32 wide); project.json names vit_small_patch16, which only names the exports.
+with model_args of 2 blocks, 32 wide); project.json names vit_small_patch16, which is not what trains: the
+exports carry the network's name, except in a run resumed from a checkpoint written before checkpoints
+recorded it, which keeps the name its exports already have.
 """
 
 import json
@@ -25,7 +27,8 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "timm" / "vit_wd"
 NETWORK = "vit_base_patch16_224"  # the fixture's architecture, the Keras name of what it builds
 # One epoch of two slices (24 records, batch 4, 3 minibatches a slice).
 SETUP = dict(model="vit_small_patch16", epoch_count=1, checkpoint_frequency_mb=3)
-STOPPED, FINAL = "model-vit_small_patch16.stopped.keras", "model-vit_small_patch16.keras"
+STOPPED, FINAL = f"model-{NETWORK}.stopped.keras", f"model-{NETWORK}.keras"
+OLD_FINAL = "model-vit_small_patch16.keras"  # as a run started before the exports took the network's name
 
 
 class CtrlC(Monitor):
@@ -90,8 +93,8 @@ def test_the_command_a_time_limit_stop_prints_continues_the_source_models_run(tm
     checks = {result.name: result for result in training_preflight(project)}
     assert checks["model"].status == "PASS"
     assert checks["model"].detail == (
-        f"{NETWORK} (fine-tuned from --source-model {folder}, as the checkpoint records it; project.json's model "
-        f"vit_small_patch16 only names the exports): input 32x32x3, {counts}")
+        f"{NETWORK} (fine-tuned from --source-model {folder}, as the checkpoint records it, exported as {FINAL}; "
+        f"project.json's model vit_small_patch16 is not what trains): input 32x32x3, {counts}")
     assert checks["checkpoint"].status == "PASS"
     assert checks["checkpoint"].detail.startswith(
         f"the next train-project will RESUME from {project / 'checkpoints' / 'ckpt-1'} (the network {NETWORK} "
@@ -185,4 +188,9 @@ def test_a_checkpoint_written_before_the_record_resumes_with_its_source_model(tm
     train_project(project, source_model=folder, echo=lines.append)
     assert f"Resuming from {project / 'checkpoints' / 'ckpt-1'}: " in "\n".join(lines)
     assert read_state(project)["source"] == str(folder)  # recorded from now on
-    assert_same_weights(reference / FINAL, project / FINAL)
+    # Its exports keep the name they started under, and the tools find them by it.
+    assert read_state(project)["exports"] == "vit_small_patch16" and not (project / FINAL).exists()
+    assert_same_weights(reference / FINAL, project / OLD_FINAL)
+    from deepdanbooru.inference.model_files import resolve_model_files
+
+    assert resolve_model_files(project_path=project).model == project / OLD_FINAL

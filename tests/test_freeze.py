@@ -160,8 +160,9 @@ def test_deepdanbooru_h5_source_freezes_its_trunk_and_the_best_export_is_whole(t
     lines = []
     train_project(project, source_model=source, echo=lines.append)
     assert "Backbone frozen for epochs 1 to 1: only the head trains" in lines
-    assert json.loads((project / "model-resnet_small.best.json").read_text())["used_minibatch"] > 0
-    best = keras.models.load_model(project / "model-resnet_small.best.keras")
+    # DeepDanbooru 1.0 names its networks after their model row: the exports carry that name.
+    assert json.loads((project / "model-resnet_custom_v3.best.json").read_text())["used_minibatch"] > 0
+    best = keras.models.load_model(project / "model-resnet_custom_v3.best.keras")
     assert all(layer.trainable for layer in best.layers)
     original = keras.models.load_model(source, compile=False)
     trunk_kernel = next(layer for layer in trunk_layers(original) if layer.name == "conv2d").get_weights()[0]
@@ -171,7 +172,7 @@ def test_deepdanbooru_h5_source_freezes_its_trunk_and_the_best_export_is_whole(t
 
     again = make_project(tmp_path / "again", database, tags, **{**keys, "epoch_count": 2})
     lines = []
-    train_project(again, source_model=project / "model-resnet_small.best.keras", echo=lines.append)
+    train_project(again, source_model=project / "model-resnet_custom_v3.best.keras", echo=lines.append)
     assert "Backbone unfrozen from epoch 2: every layer trains" in lines
-    final = keras.models.load_model(again / "model-resnet_small.keras")
+    final = keras.models.load_model(again / "model-resnet_custom_v3.keras")
     assert not np.array_equal(final.get_layer("conv2d").get_weights()[0], trunk_kernel)

@@ -271,7 +271,9 @@ def test_fine_tuning_an_imported_tagger_with_layer_decay(tmp_path, sample_datase
     assert result.exit_code == 0, result.output
     assert read_state(project)["used_minibatch"] == 1
     before = import_checkpoint(TIMM / fixture).model
-    after = keras.models.load_model(project / f"model-{row}.keras", compile=False)
+    # Named after the network that trained, not project.json's row.
+    after = keras.models.load_model(project / f"model-{before.name}.keras", compile=False)
+    assert not list(project.glob(f"model-{row}*"))
     rates = {}
     for layer in before.layers:
         if layer.trainable_weights and layer.name != "head_dense":

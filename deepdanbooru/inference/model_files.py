@@ -58,19 +58,20 @@ def _project_model(config: ProjectConfig) -> tuple[Path, str]:
     still answers in float32 (its output layer is float32).
     """
     paths = ProjectPaths(config.project_dir)
-    final = paths.final_export(config.model)
+    name = paths.export_name(config.model)
+    final = paths.final_export(name)
     candidates = [(final, "the project's final export"),
                   (ProjectPaths.float32_copy(final), "the float32 copy of the project's final export"),
-                  (paths.stopped_export(config.model),
+                  (paths.stopped_export(name),
                    "the export of a --time-limit stop: training is not complete"),
-                  (paths.legacy_export(config.model), "the project's DeepDanbooru .h5 export")]
+                  (paths.legacy_export(name), "the project's DeepDanbooru .h5 export")]
     chosen = next(((candidate, kind) for candidate, kind in candidates if candidate.is_file()), None)
-    best = _best_instead(paths.best_export(config.model), chosen)
+    best = _best_instead(paths.best_export(name), chosen)
     if best is not None:
         return best
     if chosen is not None:
         return chosen
-    epochs = sorted(config.project_dir.glob(f"model-{config.model}.e*.keras"), key=lambda p: natural_key(p.name))
+    epochs = sorted(config.project_dir.glob(f"model-{name}.e*.keras"), key=lambda p: natural_key(p.name))
     hint = f"; an epoch export exists, use it with --model-path {epochs[-1]}" if epochs else \
         "; train it first with `deepdanbooru train-project`"
     looked = ", ".join(candidate.name for candidate, _ in candidates)
@@ -147,7 +148,8 @@ def model_tags(files: ModelFiles) -> list[str]:
 
 
 def _given_kind(model: Path, config: ProjectConfig | None) -> str:
-    if config is not None and model.name == ProjectPaths(config.project_dir).best_export(config.model).name:
+    paths = ProjectPaths(config.project_dir) if config is not None else None
+    if paths is not None and model.name == paths.best_export(paths.export_name(config.model)).name:
         return "the project's best model (--model-path)"
     return "the file given with --model-path"
 

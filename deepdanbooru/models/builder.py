@@ -33,19 +33,20 @@ def build_model(name: str, input_shape, n_tags: int, seed: int = 0) -> keras.Mod
     return model
 
 
+def parameter_count(variables) -> int:
+    """The number of values in `variables`."""
+    count = 0
+    for variable in variables:
+        size = 1
+        for dim in variable.shape:
+            size *= int(dim)
+        count += size
+    return count
+
+
 def count_weights(model: keras.Model) -> tuple[int, int]:
     """(trainable, non_trainable) parameter counts of a built model."""
-
-    def total(variables):
-        count = 0
-        for variable in variables:
-            size = 1
-            for dim in variable.shape:
-                size *= int(dim)
-            count += size
-        return count
-
-    return total(model.trainable_weights), total(model.non_trainable_weights)
+    return parameter_count(model.trainable_weights), parameter_count(model.non_trainable_weights)
 
 
 def describe_model(name: str, input_shape, n_tags: int) -> dict:

@@ -155,29 +155,46 @@ def decay_exempt(model, name: str) -> list:
             if variable.name == "bias" or isinstance(layer, _NORMALIZATION) or not groups.decays(layer.name)]
 
 
-def layer_rate_factors(model, name: str, layer_decay: float | None, source=None, network: str | None = None) -> tuple:
-    """((variable, factor), ...) for layer-wise learning-rate decay (BEiT's and timm's fine-tuning rule).
-
-    The stem, units and top come from the model's own layer names (`groups_of`), so a --source-model of
-    any family import-model builds (ViT, EVA02, ConvNeXt, SwinV2) is placed whatever project.json's `model` says.
-    With L units (the ViT's blocks, a hierarchical network's stages, counted on the model), unit i (from 0)
-    gets layer_decay ** (L - i), the stem (patch and position embeddings, tokens) layer_decay ** (L + 1), the
-    top layers and the head 1. None: no factors. A layer no family places (a model not built by deepdanbooru
-    or import-model, such as a DeepDanbooru 1.0 file) is a ModelError naming it and `network` (what the
-    model is, e.g. the --source-model; default `name`), in `source`'s layer_decay field when given.
+def trunk_units(model, name: str, key: str, source=None, network: str | None = None) -> tuple:
+    """(groups, ((top-level trunk layer, unit), ...)) for every trunk layer with trainable weights: its unit
+    from 0 (`groups_of`: the ViT's blocks, a hierarchical network's stages), -1 for the stem, None for the top
+    layers (final norm, top conv). One reading of the model's layer names for layer_decay and
+    trainable_blocks. A layer no family places (a model not built by deepdanbooru or import-model, such as a
+    DeepDanbooru 1.0 file) is a ModelError naming it, `network` (what the model is, e.g. the --source-model;
+    default `name`) and `key`, in `source`'s `key` field when given.
     """
-    if layer_decay is None:
-        return ()
     groups, unplaced = groups_of(model, name)
     if unplaced is not None:
         message = (f"cannot tell which stage or block of {network or name} layer {unplaced!r} belongs to; "
-                   f"layer_decay knows the layers of the models deepdanbooru builds and import-model imports "
+                   f"{key} knows the layers of the models deepdanbooru builds and import-model imports "
                    f"(ViT, EVA02, ConvNeXt, SwinV2)")
-        raise ModelError(file_field(source, "layer_decay", message) if source else f"layer_decay: {message}")
-    trunk = [(variable, groups.unit_of(layer.name)) for layer, variable in _owned_variables(model, head=False)
-             if not groups.is_top(layer.name)]
-    count = max((unit for _, unit in trunk), default=-1) + 1
-    return tuple((variable, layer_decay ** (count - unit)) for variable, unit in trunk)
+        raise ModelError(file_field(source, key, message) if source else f"{key}: {message}")
+    layers = dict.fromkeys(layer for layer, _ in _owned_variables(model, head=False))
+    return groups, tuple((layer, None if groups.is_top(layer.name) else groups.unit_of(layer.name))
+                         for layer in layers)
+
+
+def unit_count(units) -> int:
+    """The number of units (blocks or stages) in `trunk_units`'s placement."""
+    return max((unit for _, unit in units if unit is not None), default=-1) + 1
+
+
+def layer_rate_factors(model, name: str, layer_decay: float | None, source=None, network: str | None = None) -> tuple:
+    """((variable, factor), ...) for layer-wise learning-rate decay (BEiT's and timm's fine-tuning rule).
+
+    The stem, units and top come from the model's own layer names (`trunk_units`), so a --source-model of
+    any family import-model builds (ViT, EVA02, ConvNeXt, SwinV2) is placed whatever project.json's `model` says.
+    With L units (the ViT's blocks, a hierarchical network's stages, counted on the model), unit i (from 0)
+    gets layer_decay ** (L - i), the stem (patch and position embeddings, tokens) layer_decay ** (L + 1), the
+    top layers and the head 1. None: no factors. A layer no family places is a ModelError (`trunk_units`) in
+    `source`'s layer_decay field when given.
+    """
+    if layer_decay is None:
+        return ()
+    _, units = trunk_units(model, name, "layer_decay", source, network)
+    count = unit_count(units)
+    return tuple((variable, layer_decay ** (count - unit)) for layer, unit in units if unit is not None
+                 for variable in layer.trainable_weights)
 
 
 def make_optimizer(name: str, learning_rate: float, clipnorm: float | None = None,

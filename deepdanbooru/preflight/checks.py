@@ -112,10 +112,12 @@ def check_model(run: Run):
     config = run.need("config")
     recorded = fine_tuned_network(run.paths.checkpoints)
     if recorded is not None:
-        # Resuming rebuilds the checkpoint's network: project.json's model only names the exports.
+        # Resuming rebuilds the checkpoint's network, whatever project.json's model says.
         counts = recorded["parameters"]
+        exports = run.paths.final_export(run.paths.export_name(config.model)).name
         return PASS, (f"{recorded['network']} (fine-tuned from --source-model {recorded['source']}, as the "
-                      f"checkpoint records it; project.json's model {config.model} only names the exports): "
+                      f"checkpoint records it, exported as {exports}; project.json's model {config.model} "
+                      f"is not what trains): "
                       f"input {config.image_height}x{config.image_width}x3, "
                       f"{counts['trainable']:,} trainable and {counts['non_trainable']:,} non-trainable parameters")
     table.check_model_input(config.model, config.input_shape, config.config_path)
@@ -445,6 +447,10 @@ def _mismatch(run: Run, state: dict) -> str | None:
         saved = (state.get("image_height"), state.get("image_width"))
         if None not in saved and saved != (config.image_height, config.image_width):
             found.append(f"input {saved[0]}x{saved[1]} (project.json: {config.image_height}x{config.image_width})")
+        blocks = state.get("trainable_blocks")  # absent before the key existed: null
+        if blocks != config.trainable_blocks:
+            found.append(f"trainable_blocks {'null' if blocks is None else blocks} (project.json: "
+                         f"{'null' if config.trainable_blocks is None else config.trainable_blocks})")
     if run.tags is not None and "tags_hash" in state and state["tags_hash"] != tags_hash(run.tags):
         found.append("a different tags.txt")
     return ", ".join(found) or None

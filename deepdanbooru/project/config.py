@@ -122,13 +122,17 @@ def _optional_path(value) -> str | None:
     return value
 
 
-def _optional_float(**limits) -> Callable[[Any], float | None]:
-    inner = _float(**limits)
+def _or_null(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`inner`'s check, with null allowed (and kept as None)."""
 
     def check(value):
         return None if value is None else inner(value)
 
     return check
+
+
+def _optional_float(**limits) -> Callable[[Any], float | None]:
+    return _or_null(_float(**limits))
 
 
 def split_address(text: str) -> tuple[str, int]:
@@ -152,12 +156,7 @@ def _optional_address(value) -> str | None:
 
 
 def _optional_choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
-    inner = _choice(options)
-
-    def check(value):
-        return None if value is None else inner(value)
-
-    return check
+    return _or_null(_choice(options))
 
 
 def _range(positive: bool = False, maximum: float | None = None) -> Callable[[Any], tuple[float, float] | None]:
@@ -413,6 +412,12 @@ KEYS: tuple[Key, ...] = (
     Key("freeze_backbone_epochs", 0, _int(0),
         "train only the head (trunk frozen, its batch norm on moving statistics) for the first N epochs",
         "int", ">= 0", spec=False),
+    Key("trainable_blocks", None, _or_null(_int(0)),
+        "partial fine-tuning for the whole run: only the last N blocks (vit) or stages (resnet, convnext, "
+        "efficientnetv2, swinv2) of the trunk, counted on the model trained (a --source-model's own), train with "
+        "the top layers and the head; 0: the head alone; the rest is frozen (no gradients, no optimizer state, "
+        "its batch norm on moving statistics); null: every layer", "int or null",
+        ">= 0, at most the model's block count", spec=False),
     Key("resample_positions", False, _bool,
         "with a ViT or EVA02 timm checkpoint folder as --source-model whose input size is not image_width x "
         "image_height: resample its position table bicubically to the project's token grid (EVA02's rotary "
@@ -497,6 +502,7 @@ class ProjectConfig:
     mixup: float | None
     backbone_weights: Path | None
     freeze_backbone_epochs: int
+    trainable_blocks: int | None
     resample_positions: bool
     padding: str
     alpha: str

@@ -11,7 +11,8 @@ state.json format (version 1), all keys always present:
      "used_epoch": int, "used_minibatch": int, "used_sample": int, "offset": int,
      "random_seed": int, "epoch_bad_images": int, "complete": bool,
      "model": str, "image_height": int, "image_width": int,
-     "tags_hash": str, "tag_count": int, "epoch_count": int (epoch_count "fit": the plan in force),
+     "tags_hash": str, "tag_count": int, "trainable_blocks": int or null (absent in files written before it
+     existed: null), "epoch_count": int (epoch_count "fit": the plan in force),
      "train_records": int,
      "records_hash": str (scoring.split.records_hash; absent in files written before it existed),
      "network": str (the Keras name of the network that trains), "source": str or null (its --source-model,
@@ -55,6 +56,8 @@ class RunIdentity:
     image_width: int
     tags_hash: str
     tag_count: int
+    # The frozen part differs, and with it the optimizer state and the weight average the checkpoint holds.
+    trainable_blocks: int | None = None
 
 
 def check_identity(saved: RunIdentity, current: RunIdentity, checkpoint_dir, tags_path, config_path) -> None:
@@ -67,10 +70,17 @@ def check_identity(saved: RunIdentity, current: RunIdentity, checkpoint_dir, tag
                        f"{saved.image_height}x{saved.image_width}, now {current.image_height}x{current.image_width}")
     if saved.tags_hash != current.tags_hash:
         changes.append(f"{tags_path}: content changed ({saved.tag_count} tags then, {current.tag_count} now)")
+    if saved.trainable_blocks != current.trainable_blocks:
+        changes.append(f"{config_path}: trainable_blocks was {_shown(saved.trainable_blocks)}, "
+                       f"now {_shown(current.trainable_blocks)}")
     if changes:
         raise TrainingError(
             f"{checkpoint_dir}: the checkpoint was trained for a different setup: {'; '.join(changes)}. "
             f"Restore the old setting to resume, or delete {checkpoint_dir} to start fresh")
+
+
+def _shown(blocks: int | None) -> str:
+    return "null" if blocks is None else str(blocks)
 
 
 def write_state_json(checkpoint_dir, checkpoint_path: str, counters: Counters, identity: RunIdentity,

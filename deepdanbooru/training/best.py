@@ -1,4 +1,4 @@
-"""model-<model>.best.keras: the weights that scored best on validation so far.
+"""model-<name>.best.keras: the weights that scored best on validation so far.
 
 The best-so-far value lives in the checkpoint (BestState), next to the
 weights it was compared against, so a resumed run neither forgets it nor
@@ -14,9 +14,9 @@ run trains again).
 
 Files, each replaced atomically, in this order (best.json last, so when it
 names a step the model beside it is at least that new):
-    model-<model>.best.keras (+ .best.float32.keras under mixed precision)
-    model-<model>.best.thresholds.csv, model-<model>.best.metrics.json
-    model-<model>.best.json: {"metric", "value", "previous", counters..., "metrics": {...}}
+    model-<name>.best.keras (+ .best.float32.keras under mixed precision; <name>: project.paths)
+    model-<name>.best.thresholds.csv, model-<name>.best.metrics.json
+    model-<name>.best.json: {"metric", "value", "previous", counters..., "metrics": {...}}
 
 A fresh fine-tune validates its start before the first step (training.start): that validation is
 the first best, exported at step 0, and best.json keeps it as "start" ({"metric", "value",
@@ -95,10 +95,11 @@ class BestModelMonitor(Monitor):
     """Saves the model whenever `metric` improves on the best validation so far (loss: lower is better)."""
 
     def __init__(self, path, metric: str, tags, mixed_precision: bool = False, echo=print):
-        self.path = Path(path)
+        """`path`: the best export; None: the run's (RunInfo.best_export), known once the network is."""
+        self.path = None if path is None else Path(path)
         self.metric = metric
         self.tags = list(tags)
-        self.float32_copy = self.path.with_name(self.path.stem + ".float32.keras") if mixed_precision else None
+        self.mixed_precision = mixed_precision
         self.echo = echo
         self.state = BestState()
         self.model = None
@@ -108,8 +109,14 @@ class BestModelMonitor(Monitor):
     def checkpoint_objects(self):
         return {"best_model": self.state}
 
+    @property
+    def float32_copy(self) -> Path | None:
+        return self.path.with_name(self.path.stem + ".float32.keras") if self.mixed_precision else None
+
     def on_train_begin(self, run):
         self.model = run.model
+        if self.path is None:
+            self.path = run.best_export
         self.start = _start_in_best_json(self.path, self.metric) if run.resumed_from else None
         saved = self.state.get()
         if saved is None:

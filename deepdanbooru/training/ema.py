@@ -26,9 +26,12 @@ CHECKPOINT_KEY = "ema"
 class WeightAverage:
     """Create inside the strategy scope (the averages mirror the weights); checkpoint `.state`."""
 
-    def __init__(self, model, decay: float):
+    def __init__(self, model, decay: float, frozen=()):
+        """`frozen`: layers whose weights never change in this run (trainable_blocks): their average would be
+        themselves, so they are left out, and the step does not average them."""
         self.decay = float(decay)
-        self.weights = [w for w in model.weights if "float" in str(w.dtype)]
+        still = {id(weight) for layer in frozen for weight in layer.weights}
+        self.weights = [w for w in model.weights if "float" in str(w.dtype) and id(w) not in still]
         self.averages = [tf.Variable(w.value, trainable=False, name="average") for w in self.weights]
         # Only the averages: the weights are already saved under the model's key.
         self.state = tf.Module(name=CHECKPOINT_KEY)

@@ -32,9 +32,11 @@ def reset_optimizer_state(optimizer) -> None:
 class BackboneFreeze:
     """Sets the trunk's trainable flag at each epoch start and restarts the optimizer where it unfreezes."""
 
-    def __init__(self, model, optimizer, epochs: int, on_change=None, echo=print):
-        """`model` as built, before any freeze: its trainable trunk layers are the ones frozen and unfrozen."""
+    def __init__(self, model, optimizer, epochs: int, on_change=None, echo=print, trains: str = "every layer"):
+        """`model` as built, before any freeze but trainable_blocks' for the whole run: its trainable trunk
+        layers are the ones frozen and unfrozen. `trains`: what trains once they are unfrozen."""
         self.layers = freezable_layers(model)
+        self.trains = trains
         self.optimizer = optimizer  # the inner optimizer, whose state the checkpoint holds
         self.epochs = int(epochs)
         self.on_change = on_change  # called when the trainable variables changed (the step must trace again)
@@ -50,7 +52,7 @@ class BackboneFreeze:
             if self.on_change is not None:
                 self.on_change()
             self.echo(f"Backbone frozen for epochs 1 to {self.epochs}: only the head trains" if frozen
-                      else f"Backbone unfrozen from epoch {used_epoch + 1}: every layer trains")
+                      else f"Backbone unfrozen from epoch {used_epoch + 1}: {self.trains} trains")
         # offset 0: no step of this epoch was taken, so none was checkpointed with the fresh state yet.
         if self.epochs and used_epoch == self.epochs and offset == 0:
             reset_optimizer_state(self.optimizer)

@@ -25,6 +25,7 @@ SliceTrainer composes the parts, each with one job: making the model
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import keras
@@ -34,6 +35,7 @@ from deepdanbooru.errors import Interrupted, TrainingError, file_field
 from deepdanbooru.models import make_optimizer
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors
+from deepdanbooru.models.partial import partial_training
 from deepdanbooru.models.precision import MIXED, choose_policy
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.runstate.state import Counters, RunIdentity
@@ -42,8 +44,8 @@ from deepdanbooru.training.checkpointing import CheckpointKeeper, latest_checkpo
 from deepdanbooru.training.ema import WeightAverage
 from deepdanbooru.training.fit_monitor import FitMonitor
 from deepdanbooru.training.freeze import BackboneFreeze
-from deepdanbooru.training.making import Priors, make_model
-from deepdanbooru.training.network import Network, recorded_network
+from deepdanbooru.training.making import Priors, make_model, network_label
+from deepdanbooru.training.network import Network, export_name, recorded_network
 from deepdanbooru.training.outputs import Outputs
 from deepdanbooru.training.reporting import RunReport
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
@@ -100,22 +102,35 @@ class SliceTrainer:
         _enable_determinism(self.config.seed)
         self.policy = choose_policy(self.config.mixed_precision, plan.force_mixed_precision, echo)
         self.identity = RunIdentity(self.config.model, self.config.image_height, self.config.image_width,
-                                    tags_hash(plan.tags), len(plan.tags))
+                                    tags_hash(plan.tags), len(plan.tags), self.config.trainable_blocks)
         self.records_hash = records_hash(plan.train)
         self.latest = latest_checkpoint_of_setup(self.paths, self.identity, self.config.config_path)
         recorded = recorded_network(self.latest, plan.source_model, self.paths.checkpoints)
         with strategy.scope():
             self.model = make_model(plan, self.policy, priors, bool(self.latest), echo,
                                     write_report=self.role.is_chief, recorded=recorded)
+            # Before the optimizer is built: the frozen part gets no slots.
+            self.partial = partial_training(self.model, self.config.model, self.config.trainable_blocks,
+                                            self.config.config_path, network_label(plan, recorded, self.model))
+            if self.partial is not None:
+                self.partial.freeze()
+                echo(self.partial.describe())
             self.optimizer, inner = make_training_optimizer(self.config, self.model, self.policy,
                                                             self.rates.rate(0, 0))
-            self.ema = WeightAverage(self.model, self.config.ema_decay) if self.config.ema_decay else None
+            self.ema = WeightAverage(self.model, self.config.ema_decay, self.partial.frozen if self.partial else ()) \
+                if self.config.ema_decay else None
         if self.role.is_chief:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
         # What every checkpoint records and every line names: the network that trains, and its source.
-        self.network = Network.of(self.model, recorded.source if recorded else plan.source_model)
+        source = recorded.source if recorded else plan.source_model
+        self.exports = export_name(self.config.model, self.model, source, self.latest)
+        with self.partial.thawed() if self.partial is not None else contextlib.nullcontext():
+            self.network = Network.of(self.model, source, self.exports)
+        if self.exports != self.config.model:
+            echo(f"Exports: {self.paths.final_export(self.exports).name} and the others of its name, after the "
+                 f"network that trains (project.json's model {self.config.model} names runs from the model table)")
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
                                        self.monitors, echo)
         restoring = time.monotonic()
@@ -129,7 +144,8 @@ class SliceTrainer:
                               loss_scaled=self.policy == MIXED, ema=self.ema)
         self.step.sums.step.assign(self.counters.used_minibatch)
         self.freeze = BackboneFreeze(self.model, inner, self.config.freeze_backbone_epochs,
-                                     on_change=self.step.retrace, echo=echo)
+                                     on_change=self.step.retrace, echo=echo,
+                                     trains=f"trainable_blocks' {self.partial.part()}" if self.partial else "every layer")
         self.budget = plan.time_budget
         self.report = RunReport(plan, self.schedule, self.rates, self.counters, self.step.sums, self.monitors)
         self.outputs = Outputs(plan, self.model, self.ema, self.monitors)
@@ -183,7 +199,7 @@ class SliceTrainer:
                 if self.budget is not None:
                     self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
-        self.outputs.export(self.paths.final_export(self.config.model), "final", report.progress())
+        self.outputs.export(self.paths.final_export(self.exports), "final", report.progress())
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
         # records the counters after the epoch end, for preflight to say that training is complete.
         if self.keeper.latest_checkpoint:
@@ -221,7 +237,7 @@ class SliceTrainer:
 
     def _stop_for_time_limit(self) -> Counters:
         """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
-        export = self.paths.stopped_export(self.config.model)
+        export = self.paths.stopped_export(self.exports)
         self.outputs.export(export, "time limit", self.report.progress())
         for monitor in self.monitors:
             monitor.on_train_stopped(self.report.progress())
@@ -242,7 +258,7 @@ class SliceTrainer:
         for monitor in self.monitors:
             monitor.on_epoch_end(self.report.progress(), logs)
         if self.schedule.export_due(c.used_epoch):
-            self.outputs.export(self.paths.epoch_export(self.config.model, c.used_epoch), "epoch",
+            self.outputs.export(self.paths.epoch_export(self.exports, c.used_epoch), "epoch",
                                 self.report.progress())
 
     def _check_finite(self) -> None:

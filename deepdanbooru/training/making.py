@@ -27,6 +27,7 @@ from deepdanbooru.models import build_model, load_model_file
 from deepdanbooru.models.backbone import load_backbone_weights
 from deepdanbooru.models.head import grow_vocabulary, set_head_bias
 from deepdanbooru.models.optimizers import layer_rate_factors
+from deepdanbooru.models.partial import partial_training
 from deepdanbooru.models.precision import global_policy, with_policy
 from deepdanbooru.project.tags import tag_counts
 from deepdanbooru.training.network import Network
@@ -107,11 +108,18 @@ def _start(plan, policy, priors, resuming, echo, write_report) -> keras.Model:
         # Loaded outside our control (maybe compiled, maybe another policy): rebuilt uncompiled under ours.
         loaded = load_model_file(plan.source_model)
     # Every check of the source before the first file it leads to is written (categories.json, the report).
-    layer_rate_factors(loaded, config.model, config.layer_decay, config.config_path,
-                       network=f"--source-model {plan.source_model.name} ({loaded.name})")
+    network = network_label(plan, None, loaded)
+    layer_rate_factors(loaded, config.model, config.layer_decay, config.config_path, network=network)
+    partial_training(loaded, config.model, config.trainable_blocks, config.config_path, network=network)
     if plan.source is not None and write_report:
         carry_categories(plan, echo)
     return with_policy(grow(loaded, plan, priors, echo, write_report), policy)
+
+
+def network_label(plan, recorded: Network | None, model) -> str:
+    """What the model that trains is, in messages about its layers: project.json's model, or its source."""
+    source = plan.source_model.name if plan.source_model is not None else recorded and recorded.source
+    return f"--source-model {source} ({model.name})" if source else plan.config.model
 
 
 def grow(model, plan, priors, echo=print, write_report: bool = True):

@@ -54,6 +54,7 @@ class RunInfo:
     trust_warning: str | None = None  # dataset.trust's line when the split cannot measure the model
     model: Any = None  # the keras.Model being trained, for monitors that export it; they must not change it
     parameters: tuple[int, int] | None = None  # (trainable, non-trainable) of the network that trains
+    best_export: Path | None = None  # model-<name>.best.keras, named as the run's exports (project.paths)
 
 
 @dataclass

@@ -8,6 +8,10 @@ files are not read again. The same --source-model may be given again; another on
 
 A run without a source records its `model` name and an empty source and architecture; its network is
 rebuilt from the model table as before. Checkpoints written before the record existed read as no record.
+
+The record also holds the name the run's exports carry (project.paths: `model` from the table, the
+network's own name from a source), so a resumed run keeps writing under the name it started with; a
+checkpoint written before that existed reads as "", and its run keeps `model`, as its exports are named.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import tensorflow as tf
 
 from deepdanbooru.models.builder import count_weights
 from deepdanbooru.models.precision import with_policy
+from deepdanbooru.project.paths import safe_export_name
 from deepdanbooru.training.source import check_resumed_source, source_path
 
 
@@ -32,12 +37,13 @@ class Network:
     architecture: str = ""
     trainable: int = 0
     non_trainable: int = 0
+    exports: str = ""  # the name in model-<exports>.keras ("": recorded before the name was)
 
     @classmethod
-    def of(cls, model: keras.Model, source) -> "Network":
+    def of(cls, model: keras.Model, source, exports: str) -> "Network":
         trainable, non_trainable = count_weights(model)
         source = str(source_path(source)) if source else ""
-        return cls(model.name, source, model.to_json() if source else "", trainable, non_trainable)
+        return cls(model.name, source, model.to_json() if source else "", trainable, non_trainable, exports)
 
     def build(self, policy: str) -> keras.Model:
         """The recorded architecture under `policy`, its weights still to be restored from the checkpoint."""
@@ -45,7 +51,7 @@ class Network:
 
     def mirror(self) -> dict:
         """The keys checkpoints/state.json gives preflight (which must not start TensorFlow)."""
-        return {"network": self.name, "source": self.source or None,
+        return {"network": self.name, "source": self.source or None, "exports": self.exports,
                 "parameters": {"trainable": self.trainable, "non_trainable": self.non_trainable}}
 
 
@@ -58,10 +64,22 @@ class NetworkState(tf.Module):
         self.network_name = tf.Variable(network.name, dtype=tf.string, trainable=False, name="name")
         self.source = tf.Variable(network.source, dtype=tf.string, trainable=False, name="source")
         self.architecture = tf.Variable(network.architecture, dtype=tf.string, trainable=False, name="architecture")
+        self.exports = tf.Variable(network.exports, dtype=tf.string, trainable=False, name="exports")
 
     def network(self) -> Network:
-        return Network(*(variable.numpy().decode("utf-8")
-                         for variable in (self.network_name, self.source, self.architecture)))
+        name, source, architecture, exports = (variable.numpy().decode("utf-8") for variable in (
+            self.network_name, self.source, self.architecture, self.exports))
+        return Network(name, source, architecture, exports=exports)
+
+
+def export_name(config_model: str, model: keras.Model, source, checkpoint: str | None) -> str:
+    """The name the run's exports carry (project.paths): the one `checkpoint` records when resuming (`config_model`
+    for a checkpoint written before the record); else the network's own name when it comes from `source`."""
+    if checkpoint:
+        state = NetworkState()
+        tf.train.Checkpoint(network=state).read(checkpoint).expect_partial()
+        return state.network().exports or config_model
+    return (safe_export_name(model.name) or config_model) if source else config_model
 
 
 def recorded_network(checkpoint: str | None, source_model, checkpoints) -> Network | None:

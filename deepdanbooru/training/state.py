@@ -29,6 +29,8 @@ class ResumeState(tf.Module):
         self.image_width = tf.Variable(0, dtype=tf.int64, trainable=False, name="image_width")
         self.tags_hash = tf.Variable("", dtype=tf.string, trainable=False, name="tags_hash")
         self.tag_count = tf.Variable(0, dtype=tf.int64, trainable=False, name="tag_count")
+        # -1: null. A checkpoint written before the key existed keeps the initial value: every layer trained.
+        self.trainable_blocks = tf.Variable(-1, dtype=tf.int64, trainable=False, name="trainable_blocks")
         # A short hash of the training ids: a changed database is noticed on resume, not refused.
         self.records_hash = tf.Variable("", dtype=tf.string, trainable=False, name="records_hash")
 
@@ -40,6 +42,7 @@ class ResumeState(tf.Module):
         self.image_width.assign(identity.image_width)
         self.tags_hash.assign(identity.tags_hash)
         self.tag_count.assign(identity.tag_count)
+        self.trainable_blocks.assign(-1 if identity.trainable_blocks is None else identity.trainable_blocks)
         self.records_hash.assign(records_hash)
 
     def counters(self) -> Counters:
@@ -52,6 +55,7 @@ class ResumeState(tf.Module):
             image_width=int(self.image_width.numpy()),
             tags_hash=self.tags_hash.numpy().decode("utf-8"),
             tag_count=int(self.tag_count.numpy()),
+            trainable_blocks=None if int(self.trainable_blocks.numpy()) < 0 else int(self.trainable_blocks.numpy()),
         )
 
 

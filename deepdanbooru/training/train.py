@@ -116,7 +116,8 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
     if not plan.role.is_chief:
         return [bar, console]
     config = plan.config
-    best = BestModelMonitor(plan.paths.best_export(config.model), config.best_model_metric, plan.tags,
+    # Its file is named once the network that trains is known (RunInfo.best_export).
+    best = BestModelMonitor(None, config.best_model_metric, plan.tags,
                             mixed_precision=config.mixed_precision, echo=echo)
     return [bar, best, TensorBoardMonitor(plan.paths.logs, echo), HistoryMonitor(plan.paths.history, echo), console]
 

@@ -136,6 +136,8 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo) -> li
     kept, scores = kept[order], np.asarray(scores)[order]
     audited = [tags[column] for column in columns]
     given = given_matrix(records, tags)[kept][:, columns]
+    # The scores behind the ranking, for a closer look (bench/audit.py measures rankings on them).
+    (paths.root / AUDIT_DIR).mkdir(parents=True, exist_ok=True)
     np.savez(paths.root / AUDIT_DIR / "scores.npz", ids=np.asarray(records.ids)[kept], given=given, scores=scores,
              tags=np.asarray(audited))
     ranking = rank_labels(given, scores)

@@ -226,3 +226,40 @@ def test_bad_audit_arguments_are_one_line_and_write_nothing(sample_project, args
     result = invoke("audit", sample_project, *args)
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
     assert sorted(p.name for p in sample_project.iterdir()) == ["project.json", "tags.txt"]
+
+
+@pytest.mark.slow
+def test_fold_audit_trains_through_train_project_resumes_and_a_model_path_audit_uses_a_fold_model(
+        tmp_path, sample_dataset):
+    database, tags = sample_dataset
+    project = make_project(tmp_path / "project", database, tags, epoch_count=1, checkpoint_frequency_mb=100,
+                           image_width=16, image_height=16)
+    result = invoke("audit", project, "--folds", 2)
+    assert result.exit_code == 0, result.output
+    assert "Audit: fold 1 of 2: training on 12 posts, then scoring the 12 it does not see" in result.output
+    assert "time left for the audit: about" in result.output
+    folds = sorted((project / "audit" / "folds").iterdir())
+    for fold in folds:  # an ordinary project, trained by train-project on the other fold's posts
+        assert (fold / "model-resnet_small.keras").is_file() and (fold / "checkpoints" / "state.json").is_file()
+        trained = set(load_records(fold / "posts.sqlite", 1).ids)
+        with np.load(fold / "scores.npz") as saved:
+            scored = set(saved["ids"].tolist())
+        assert len(trained) == len(scored) == 12 and not trained & scored
+    with open(project / "audit.csv", newline="") as stream:
+        assert tuple(next(csv.reader(stream))) == COLUMNS
+
+    again = invoke("audit", project, "--folds", 2)
+    assert again.exit_code == 0 and "2 of 2 folds already scored" in again.output
+    assert "Training" not in again.output
+
+    other = make_project(tmp_path / "other", database, tags, image_width=16, image_height=16)
+    model = folds[0] / "model-resnet_small.keras"
+    by_model = invoke("audit", other, "--model-path", model)
+    assert by_model.exit_code == 0, by_model.output
+    assert f"knows {len(tags)} of the {len(tags)} tags" in by_model.output
+    assert (other / "audit.csv").is_file()
+
+    strangers = make_project(tmp_path / "strangers", database, ["nothing_shared", "at_all"])
+    refused = invoke("audit", strangers, "--model-path", model)
+    assert refused.exit_code != 0 and "is a tag of tags.txt" in refused.output
+    assert sorted(p.name for p in strangers.iterdir()) == ["project.json", "tags.txt"]

@@ -263,3 +263,52 @@ def test_fold_audit_trains_through_train_project_resumes_and_a_model_path_audit_
     refused = invoke("audit", strangers, "--model-path", model)
     assert refused.exit_code != 0 and "is a tag of tags.txt" in refused.output
     assert sorted(p.name for p in strangers.iterdir()) == ["project.json", "tags.txt"]
+
+
+@pytest.fixture
+def browser_page():
+    """A page of Debian's chromium driven by Playwright (no browser download), with the requests it made
+    and the errors it printed."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        page = browser.new_page(accept_downloads=True, viewport={"width": 900, "height": 700})
+        page.requests, page.errors = [], []
+        page.on("request", lambda request: page.requests.append(request.url))
+        page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
+        page.on("pageerror", lambda error: page.errors.append(str(error)))
+        yield page
+        browser.close()
+
+
+def test_audit_page_accepts_rejects_and_exports_rows_that_apply(tmp_path, own_dataset, browser_page):
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    page = browser_page
+    page.goto((project / "audit.html").as_uri())
+    rows = page.locator("tbody tr")
+    assert rows.count() == 4
+    assert page.locator("tbody img").count() == 4  # every thumbnail inlined
+    assert "0 accepted, 0 rejected, 4 undecided" in page.inner_text("#counts")
+    rows.nth(0).locator("button[value=accepted]").click()
+    rows.nth(1).locator("button[value=rejected]").click()
+    rows.nth(2).locator("button[value=accepted]").click()
+    assert "2 accepted, 1 rejected, 1 undecided" in page.inner_text("#counts")
+    page.screenshot(path=str(tmp_path / "audit.png"))
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = tmp_path / "exported.csv"
+    download.value.save_as(exported)
+    lines = (project / "audit.csv").read_text().splitlines()
+    assert exported.read_text() == "\n".join([lines[0], lines[1], lines[3]]) + "\n"
+
+    page.reload()  # decisions survive a reload
+    assert "2 accepted, 1 rejected, 1 undecided" in page.inner_text("#counts")
+    assert page.errors == []
+    assert all(url.startswith(("file:", "data:", "blob:")) for url in page.requests), page.requests
+
+    summary = apply_audit(project, exported)
+    assert sorted(change.post_id for change in summary.changes) == sorted(
+        {suggestions[0].post_id, suggestions[2].post_id})

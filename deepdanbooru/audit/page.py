@@ -24,11 +24,13 @@ PAGE_FILE = "audit.html"
 PAGE_ROWS = 2000  # the page's share of audit.csv; the file keeps every row
 THUMBNAIL = 112
 EXPORT_NAME = "audit-accepted.csv"
+_HEADER = "".join(f"<th>{name}</th>" for name in ("rank", "picture", "post", "suggestion", "score", "the post's tags", ""))
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse}td,th{padding:4px 8px;border-bottom:1px solid #ddd;text-align:left}
-img{width:auto;height:auto;max-width:112px;max-height:112px;display:block}
+img{width:112px;height:112px;object-fit:contain;display:block}
+.tags{max-width:22em;color:#555}
 tr.accepted{background:#e4f6e4}tr.rejected{background:#f6e4e4;opacity:.6}
 .missing{color:#05591b}.wrong{color:#8a1010}
 .bar{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:2px solid #ccc}
@@ -86,24 +88,24 @@ def thumbnail(path) -> str | None:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _row(suggestion, picture: str | None) -> str:
+def _row(suggestion, picture: str | None, tags: str) -> str:
     escape = html.escape
     image = f'<img src="{picture}" alt="post {suggestion.post_id}">' if picture else "(unreadable)"
     action = "add" if suggestion.kind == "missing" else "remove"
     return (f'<tr data-rank="{suggestion.rank}"><td>{suggestion.rank}</td><td>{image}</td>'
             f"<td>{suggestion.post_id}<br><small>{escape(suggestion.md5)}</small></td>"
             f'<td class="{suggestion.kind}">{action} <b>{escape(suggestion.tag)}</b><br><small>{suggestion.kind}'
-            f"</small></td><td>{suggestion.score:.3f}</td>"
+            f'</small></td><td>{suggestion.score:.3f}</td><td class="tags"><small>{escape(tags)}</small></td>'
             '<td><button value="accepted">accept</button><button value="rejected">reject</button></td></tr>')
 
 
-def page_html(title: str, suggestions, pictures: dict, page_id: str, total: int) -> str:
+def page_html(title: str, suggestions, pictures: dict, tags: dict, page_id: str, total: int, project: str) -> str:
     lines = csv_text(suggestions).splitlines()
     data = {"id": page_id, "header": lines[0], "lines": lines[1:], "ranks": [s.rank for s in suggestions],
             "file": EXPORT_NAME}
     shown = "" if total == len(suggestions) else \
         f" The page shows the first {len(suggestions):,} of {total:,}; audit.csv holds them all."
-    body = "\n".join(_row(s, pictures.get(s.post_id)) for s in suggestions)
+    body = "\n".join(_row(s, pictures.get(s.post_id), tags.get(s.post_id, "")) for s in suggestions)
     payload = json.dumps(data).replace("</", "<\\/")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
@@ -113,9 +115,8 @@ likely shows the tag, the post lacks it; <span class="wrong">wrong</span>: the p
 picture likely does not. score: the model's score for the tag, from a model that did not train on the post.{shown}</p>
 <div class="bar"><span id="counts"></span> <button id="accept-rest">accept the undecided</button>
 <button id="export">export accepted ({EXPORT_NAME})</button>
-<small>then: deepdanbooru audit PROJECT --apply {EXPORT_NAME}</small></div>
-<table><thead><tr>{''.join(f'<th>{name}</th>' for name in ('rank', 'picture', 'post', 'suggestion', 'score', ''))}
-</tr></thead><tbody>
+<small>then: deepdanbooru audit {html.escape(project)} --apply {EXPORT_NAME}</small></div>
+<table><thead><tr>{_HEADER}</tr></thead><tbody>
 {body}
 </tbody></table>
 <script type="application/json" id="audit-data">{payload}</script>
@@ -127,16 +128,18 @@ picture likely does not. score: the model's score for the tag, from a model that
 def write_page(project_root: Path, suggestions, records) -> Path:
     shown = suggestions[:PAGE_ROWS]
     index_of = {post_id: index for index, post_id in enumerate(records.ids)}
-    pictures = {}
+    pictures, tags = {}, {}
     for suggestion in shown:
         if suggestion.post_id not in pictures:
-            pictures[suggestion.post_id] = thumbnail(records.path(index_of[suggestion.post_id]))
+            index = index_of[suggestion.post_id]
+            pictures[suggestion.post_id] = thumbnail(records.path(index))
+            tags[suggestion.post_id] = records.tag_strings[index]
     project_root = Path(project_root)
     # Decisions are stored per audit: a new audit's ranks start undecided.
     digest = hashlib.sha256(csv_text(shown).encode()).hexdigest()[:12]
     page_id = f"{project_root.resolve()}:{digest}"
     path = project_root / PAGE_FILE
-    write_text_atomic(path, page_html(f"Tag audit of {project_root.resolve().name}", shown, pictures, page_id,
-                                      len(suggestions)))
+    write_text_atomic(path, page_html(f"Tag audit of {project_root.resolve().name}", shown, pictures, tags, page_id,
+                                      len(suggestions), str(project_root)))
     return path
 

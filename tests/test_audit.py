@@ -312,3 +312,14 @@ def test_audit_page_accepts_rejects_and_exports_rows_that_apply(tmp_path, own_da
     summary = apply_audit(project, exported)
     assert sorted(change.post_id for change in summary.changes) == sorted(
         {suggestions[0].post_id, suggestions[2].post_id})
+
+
+def test_without_cleanlab_the_audit_says_how_to_install_it_before_anything(sample_project, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cleanlab", None)  # import cleanlab then fails
+    monkeypatch.setitem(sys.modules, "cleanlab.multilabel_classification", None)
+    result = invoke("audit", sample_project, "--folds", 2)
+    assert result.exit_code != 0
+    assert "cleanlab (AGPL-3.0), an optional extra: pip install 'deepdanbooru[audit]'" in result.output
+    assert sorted(p.name for p in sample_project.iterdir()) == ["project.json", "tags.txt"]

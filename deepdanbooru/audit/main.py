@@ -42,6 +42,9 @@ def run_audit(project_path, *, folds: int | None = None, model_path=None, time_l
                         "(a model that never saw these posts)")
     if model_path is not None and time_limit is not None:
         raise UserError("audit: --time-limit bounds the training of each fold; --model-path trains nothing")
+    from deepdanbooru.audit.ranking import require_cleanlab
+
+    require_cleanlab()  # before hours of fold training, not after
     paths = ProjectPaths(project_path)
     config = load_config(paths.root)
     tags = load_tags(paths.tags)

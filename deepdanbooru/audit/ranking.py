@@ -40,7 +40,7 @@ class Ranking:
         return np.stack(np.unravel_index(flat, self.quality.shape), axis=1)
 
 
-def _cleanlab():
+def require_cleanlab():
     try:
         from cleanlab.multilabel_classification import filter as cl_filter, rank as cl_rank
     except ImportError:
@@ -56,7 +56,7 @@ def rank_labels(given: np.ndarray, scores: np.ndarray) -> Ranking:
     if len(in_use) < 2:
         raise UserError("audit: the audited tags need at least two that some post carries "
                         f"({len(in_use)} carried); nothing to rank")
-    cl_filter, cl_rank = _cleanlab()
+    cl_filter, cl_rank = require_cleanlab()
     labels = [np.flatnonzero(row).tolist() for row in given]
     quality = np.asarray(cl_rank.get_label_quality_scores_per_class(
         labels, scores, method="self_confidence", adjust_pred_probs=True), dtype=np.float64)

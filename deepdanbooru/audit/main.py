@@ -64,6 +64,9 @@ def run_audit(project_path, *, folds: int | None = None, model_path=None, time_l
         outside = match_model(model_path, tags)
         echo(f"Audit: {outside.path} knows {len(outside.columns):,} of the {len(tags):,} tags of tags.txt; "
              "the others are not audited")
+        if Path(outside.path).resolve().parent == paths.root.resolve():
+            echo(f"warning: {outside.path} is a model of this project: it trained on these posts and learned their "
+                 "mistakes with them, so it will miss many; --folds K scores each post with a model that did not")
         source = f"model {outside.path}"
         kept, scores, columns = _outside_scores(outside, config, records, batch_size, echo)
     return finish(paths, records, tags, kept, scores, columns, source, top, echo)

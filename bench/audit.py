@@ -1,26 +1,28 @@
 """How well `deepdanbooru audit` finds injected tag mistakes, and what fixing them gains.
 
     python bench/audit.py [--count 2000] [--test 500] [--outside 1500] [--size 64] [--fold-time 3m]
-                          [--train-time 3m] [--work DIR] [--out audit-results]
+                          [--train-time 3m] [--retrain-epochs 10] [--work DIR] [--out audit-results]
 
 Data: the basic sample (make-sample-dataset), whose tags are facts about the pictures, so the true
 tags are known. Posts 1..count are the audited project; of their true (post, tag) pairs 10% are
 removed and wrong ones, 2% as many as the true pairs, are added (seeded). Posts count+1..count+test
 keep their true tags and measure the models (never audited or trained on). A third dataset (seed 1,
-`--outside` posts, true tags) trains the model from elsewhere for the --model-path audit.
+`--outside` posts, true tags) trains the model from elsewhere for the --model-path audit. Run again
+with the same --work, the audits resume (their scores are kept) and the retraining runs anew.
 
 Measured:
 - K-fold (3 folds, each `--fold-time` of training) and --model-path audits: precision and recall of
   the top N labels (N = the number injected) against the injected errors, for cleanlab's ranking
   (what the audit writes) and for the plain margin |given - score| on the same scores; also how many
-  labels cleanlab's filter flags (audit.csv's rows) and their precision.
-- Retraining: the project trained `--train-time` on the noisy tags and on the tags fixed by
-  applying (audit --apply) the top-N suggestions a reviewer who knows the truth accepts; mAP and
-  macro-F1 on the clean test posts (evaluate-project --metrics).
+  rows audit.csv holds (as many as cleanlab's filter flags) and their precision and recall.
+- Retraining: the project trained `--retrain-epochs` epochs on the noisy tags and on the tags fixed
+  by applying (audit --apply) the top-N K-fold suggestions a reviewer who knows the truth accepts;
+  mAP and macro-F1 on the clean test posts (evaluate-project --metrics).
 
-Every model trains with the same recipe: resnet_small, epoch_count "fit" under the --time-limit,
-Adam at 0.002 with the sample project's two steps as fractions of the run. The machine may be shared:
-the wall-clock budgets are what every run gets, so a busier machine trains fewer epochs in each.
+Every model trains with the same recipe: resnet_small, Adam at 0.002 with the sample project's two
+steps as fractions of the run; the fold and outside models for a wall-clock budget (epoch_count
+"fit" under --time-limit: on a busier machine, fewer epochs), the two retraining runs for a fixed
+number of epochs, so that only their tags differ.
 """
 
 from __future__ import annotations
@@ -102,9 +104,10 @@ def inject(database: Path, tags: list[str], seed: int = 0) -> set:
     return removed | added
 
 
-def make_project(folder: Path, database: Path, tags_file: Path) -> Path:
+def make_project(folder: Path, database: Path, tags_file: Path, **overrides) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "project.json").write_text(json.dumps(dict(RECIPE, database_path=str(database)), indent=2) + "\n")
+    config = dict(RECIPE, database_path=str(database), **overrides)
+    (folder / "project.json").write_text(json.dumps(config, indent=2) + "\n")
     shutil.copy(tags_file, folder / "tags.txt")
     return folder
 
@@ -128,6 +131,7 @@ def ranking_figures(project: Path, injected: set) -> dict:
     margin_order = np.argsort(-margin, axis=None, kind="stable")[:n]
     cleanlab_top = ranking.full_order()[:n]
     flagged = ranking.flagged
+    rows = ranking.order()  # audit.csv's rows
     hits = {
         "cleanlab": int(truth[cleanlab_top[:, 0], cleanlab_top[:, 1]].sum()),
         "margin": int(truth.flat[margin_order].sum()),
@@ -136,9 +140,10 @@ def ranking_figures(project: Path, injected: set) -> dict:
         "injected": n, "labels": int(given.size),
         **{f"{name}_top_n_precision": hit / n for name, hit in hits.items()},
         **{f"{name}_top_n_recall": hit / n for name, hit in hits.items()},
-        "flagged": int(flagged.sum()),
-        "flagged_precision": float(truth[flagged].mean()) if flagged.any() else None,
-        "flagged_recall": float(truth[flagged].sum() / n),
+        "rows": len(rows),  # audit.csv: as many as the filter flags, lowest quality first
+        "rows_precision": float(truth[rows[:, 0], rows[:, 1]].mean()) if len(rows) else None,
+        "rows_recall": float(truth[rows[:, 0], rows[:, 1]].sum() / n),
+        "filter_set_precision": float(truth[flagged].mean()) if flagged.any() else None,
     }
 
 
@@ -164,6 +169,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--fold-time", default="3m")
     parser.add_argument("--train-time", default="3m")
+    parser.add_argument("--retrain-epochs", type=int, default=10)
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path, default=Path("audit-results"))
     args = parser.parse_args()
@@ -216,10 +222,14 @@ def main() -> None:
     shutil.copy(backup, noisy / "dataset.sqlite")  # the noisy database back, for the baseline
     results["applied"] = {"rows": len(accepted), "of_top_n": min(n, len(body))}
 
+    # Same epochs, same seed, same steps: the tags are the only difference (a wall-clock budget on a
+    # shared machine would give one run more epochs than the other).
     trained = {}
     for name, data in (("noisy", noisy), ("fixed", fixed)):
-        project = make_project(work / f"p-train-{name}", data / "dataset.sqlite", tags_file)
-        cli("train-project", project, "--time-limit", args.train_time, log=log)
+        folder = work / f"p-train-{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        project = make_project(folder, data / "dataset.sqlite", tags_file, epoch_count=args.retrain_epochs)
+        cli("train-project", project, log=log)
         trained[name] = test_metrics(export_of(project), test_project)
     trained["outside_clean"] = test_metrics(export_of(outside_project), test_project)
     results["retraining"] = trained

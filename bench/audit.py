@@ -212,7 +212,8 @@ def main() -> None:
         rows = list(csv.reader(stream))
     header, body = rows[0], rows[1:]
     accepted = [row for row in body[:n] if (int(row[0]), row[2]) in injected]
-    shutil.copytree(noisy, fixed, symlinks=True, dirs_exist_ok=True)
+    shutil.rmtree(fixed, ignore_errors=True)
+    shutil.copytree(noisy, fixed, symlinks=True)
     accept_file = args.out / "accepted.csv"
     with open(accept_file, "w", newline="") as stream:
         csv.writer(stream, lineterminator="\n").writerows([header, *accepted])

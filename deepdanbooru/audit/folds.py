@@ -78,7 +78,7 @@ class Fold:
         return self.directory / SCORES_FILE
 
 
-def prepare_folds(audit_dir: Path, project_root: Path, records: Records, folds: int, seed: int) -> list[Fold]:
+def prepare_folds(audit_dir: Path, records: Records, folds: int, seed: int) -> list[Fold]:
     """The fold folders (made once); an audit with other folds or over changed posts is refused."""
     state_path = audit_dir / STATE_FILE
     state = {"folds": folds, "seed": seed, "records": records_fingerprint(records)}

@@ -80,7 +80,7 @@ def _fold_scores(paths, config, records, fold_of, folds, time_limit, time_limit_
     from deepdanbooru.training.train import train_project
 
     audit_dir = paths.root / AUDIT_DIR
-    fold_list = fold_room.prepare_folds(audit_dir, paths.root, records, folds, config.seed)
+    fold_list = fold_room.prepare_folds(audit_dir, records, folds, config.seed)
     raw = json.loads(paths.config.read_text(encoding="utf-8"))
     fine_tuned = fine_tuned_network(paths.checkpoints)
     source_model = fine_tuned["source"] if fine_tuned else None

@@ -678,6 +678,52 @@ def report(project_path, model_path, save_path, allow_gpu, batch_size):
     from deepdanbooru.report.make import make_report
 
     make_report(project_path, model_path=model_path, output=save_path, batch_size=batch_size, allow_gpu=allow_gpu,
+               echo=click.echo)
+
+
+@main.command("audit")
+@click.argument("project_path", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--folds", type=int, metavar="K",
+              help="Train K models with the project's own recipe (train-project's entry), each on the other folds, "
+                   "and score every post with the one that did not see it. Resumes fold by fold.")
+@click.option("--model-path", type=click.Path(exists=True, path_type=str),
+              help="Score with this model instead (a .keras/.h5 file or a timm checkpoint folder, as "
+                   "--source-model takes) that never saw these posts; its tags are matched to tags.txt by name.")
+@click.option("--time-limit", metavar="DURATION", help="With --folds: each fold's training time, as train-project's.")
+@click.option("--top", type=click.IntRange(min=1), metavar="N",
+              help="Keep the N suggestions most likely a mistake  [default: every label confident learning "
+                   "counts as wrong].")
+@_BATCH_SIZE
+@click.option("--apply", "apply_file", type=click.Path(dir_okay=False, path_type=str),
+              help="Apply the rows of FILE (audit.csv's format: the page's export, or a copy of audit.csv without "
+                   "the rejected rows) to the posts table, after a backup of the database.")
+@click.option("--dry-run", is_flag=True, help="With --apply: print what would change, change nothing.")
+@click.option("--captions", type=click.Path(file_okay=False, path_type=str),
+              help="With --apply: the folder import-images read; the pictures' caption files get the same change.")
+@click.option("--caption-extension", default=".txt", show_default=True, help="With --captions: their extension.")
+def audit(project_path, folds, model_path, time_limit, top, batch_size, apply_file, dry_run, captions,
+          caption_extension):
+    """Rank the tags of PROJECT_PATH's posts most likely wrong or missing (PROJECT_PATH/audit.csv, audit.html).
+
+    Scores come from models that did not train on the post (--folds K or --model-path); labels are ranked
+    by confident learning (cleanlab, the optional extra deepdanbooru[audit], AGPL-3.0). docs/audit.md.
+    """
+    if apply_file is None:
+        if dry_run or captions is not None:
+            raise click.UsageError("--dry-run and --captions go with --apply FILE")
+        from deepdanbooru.audit.main import run_audit
+        from deepdanbooru.training.budget import parse_duration
+
+        seconds = parse_duration(time_limit) if time_limit is not None else None
+        run_audit(project_path, folds=folds, model_path=model_path, time_limit=seconds, time_limit_text=time_limit,
+                  top=top, batch_size=batch_size, echo=click.echo)
+        return
+    if folds is not None or model_path is not None or time_limit is not None or top is not None:
+        raise click.UsageError("--apply applies a file of an earlier audit; it takes no --folds, --model-path, "
+                               "--time-limit or --top")
+    from deepdanbooru.audit.apply import apply_audit
+
+    apply_audit(project_path, apply_file, dry_run=dry_run, captions=captions, caption_ext=caption_extension,
                 echo=click.echo)
 
 

@@ -91,6 +91,12 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--dispatcher", "the data-service dispatcher a worker serves (HOST:PORT)"),
     Term("--host", "the name or address other hosts reach this one by"),
     Term("--debug", "show full tracebacks (before the command: deepdanbooru --debug COMMAND)"),
+    # The audit.
+    Term("--folds", "how many folds: models each trained on the others, scoring the one they did not see"),
+    Term("--top", "keep the N first suggestions"),
+    Term("--apply", "apply the rows of a file (audit.csv's format) to the posts"),
+    Term("--dry-run", "print what would change, change nothing"),
+    Term("--captions", "the folder of pictures and caption files a dataset was imported from"),
     # Conversion.
     Term("--optimize-default", "TFLite Optimize.DEFAULT", deepdanbooru=True),
     Term("--optimize-experimental-sparsity", "TFLite Optimize.EXPERIMENTAL_SPARSITY", deepdanbooru=True),

@@ -1,0 +1,202 @@
+"""K-fold scores: each post scored by a model trained, with the project's own recipe, on the other folds.
+
+A fold is an ordinary project of its own under PROJECT/audit/folds/fold-I-of-K/: the project's
+project.json (database_path pointed at the fold's database), tags.txt and categories.json, a
+posts.sqlite holding the posts of the other folds (their rows as the project's database has them),
+and an `images` link to the dataset's pictures. train-project's own entry trains it, so the recipe,
+resume, --time-limit and the exports are the trainer's; the fold's export then scores the posts it
+never saw. A fold whose scores are written is done; running the audit again resumes at the first
+fold that is not (its training resumes from its checkpoint).
+
+Which fold a post lands in depends only on (the project's seed, its split key): posts that
+--group-duplicates made one group stay together, so no copy of a picture trains the model that
+scores it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from deepdanbooru.dataset.records import IMAGES_DIR, Records
+from deepdanbooru.errors import DatasetError, TrainingError, UserError, file_field
+from deepdanbooru.fileio import create_beside, write_text_atomic
+from deepdanbooru.project.categories import CATEGORIES_FILE
+from deepdanbooru.project.config import PROJECT_FILE
+from deepdanbooru.project.split import splitmix64
+from deepdanbooru.project.tags import TAGS_FILE
+from deepdanbooru.wording import plural
+
+FOLD_DATABASE = "posts.sqlite"
+STATE_FILE = "folds.json"
+SCORES_FILE = "scores.npz"
+
+
+def assign_folds(records: Records, folds: int, seed: int) -> np.ndarray:
+    """The fold (0..folds-1) of each record: split keys in hashed order, dealt round-robin, so every
+    fold gets its share and a group of duplicates one fold."""
+    keys = np.asarray(records.split_keys, dtype=np.int64).view(np.uint64)
+    unique = np.unique(keys)
+    if not 2 <= folds <= len(unique):
+        counted = plural(len(records), "eligible post")
+        groups = "" if len(unique) == len(records) else f" in {len(unique):,} groups of duplicates"
+        raise UserError(f"--folds {folds}: must be at least 2 and at most the number of posts ({counted}{groups})")
+    with np.errstate(over="ignore"):
+        hashed = splitmix64(splitmix64(np.uint64(seed & ((1 << 64) - 1))) ^ unique)
+    fold_of_key = np.empty(len(unique), dtype=np.int64)
+    fold_of_key[np.lexsort((unique, hashed))] = np.arange(len(unique)) % folds
+    return fold_of_key[np.searchsorted(unique, keys)]
+
+
+def records_fingerprint(records: Records) -> str:
+    """What the folds were made from: the eligible ids and their tags (a change means new folds)."""
+    digest = hashlib.sha256()
+    for post_id, tag_string in zip(records.ids, records.tag_strings):
+        digest.update(f"{post_id}\t{tag_string}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Fold:
+    index: int  # 0-based
+    count: int
+    directory: Path
+
+    @property
+    def name(self) -> str:
+        return f"fold {self.index + 1} of {self.count}"
+
+    @property
+    def scores(self) -> Path:
+        return self.directory / SCORES_FILE
+
+
+def prepare_folds(audit_dir: Path, records: Records, folds: int, seed: int) -> list[Fold]:
+    """The fold folders (made once); an audit with other folds or over changed posts is refused."""
+    state_path = audit_dir / STATE_FILE
+    state = {"folds": folds, "seed": seed, "records": records_fingerprint(records)}
+    if state_path.is_file():
+        try:
+            saved = json.loads(state_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = None
+        if saved != state:
+            what = f"--folds {saved.get('folds')}" if isinstance(saved, dict) else "an unreadable state"
+            raise TrainingError(file_field(state_path, None, (
+                f"an audit with {what} over the posts as they were is under way; its folds do not fit "
+                f"--folds {folds} over the posts as they are now: delete {audit_dir / 'folds'} and "
+                f"{state_path} to start anew")))
+    audit_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(state_path, json.dumps(state, indent=2) + "\n")
+    return [Fold(index, folds, audit_dir / "folds" / f"fold-{index + 1}-of-{folds}") for index in range(folds)]
+
+
+def make_fold_project(fold: Fold, project_root: Path, raw_config: dict, config, training_ids) -> None:
+    """The fold's project folder: the project's files, a database of the training posts, the pictures."""
+    directory = fold.directory
+    directory.mkdir(parents=True, exist_ok=True)
+    fold_database = directory / FOLD_DATABASE
+    database = config.require_database()
+    if not fold_database.is_file():
+        _copy_posts(database, fold_database, training_ids)
+    images = directory / IMAGES_DIR
+    if not images.exists():
+        os.symlink(Path(database).resolve().parent / IMAGES_DIR, images, target_is_directory=True)
+    # The project's paths, resolved from its folder: the fold's project.json lives elsewhere.
+    fold_config = dict(raw_config, database_path=FOLD_DATABASE)
+    if config.backbone_weights is not None:
+        fold_config["backbone_weights"] = str(Path(config.backbone_weights).resolve())
+    write_text_atomic(directory / PROJECT_FILE, json.dumps(fold_config, indent=4) + "\n")
+    for name in (TAGS_FILE, CATEGORIES_FILE):
+        source = project_root / name
+        if source.is_file():
+            write_text_atomic(directory / name, source.read_text(encoding="utf-8"))
+
+
+def _copy_posts(source: Path, target: Path, ids) -> None:
+    """The posts rows of `ids`, every column as the source has it, written whole or not at all."""
+    handle, temporary = create_beside(target)
+    os.close(handle)
+    try:
+        connection = sqlite3.connect(temporary)
+        try:
+            connection.execute("ATTACH DATABASE ? AS source", (f"file:{Path(source).resolve()}?mode=ro",))
+        except sqlite3.OperationalError:
+            connection.execute("ATTACH DATABASE ? AS source", (str(Path(source).resolve()),))
+        schema = connection.execute("SELECT sql FROM source.sqlite_master WHERE type = 'table' AND name = 'posts'")
+        connection.execute(schema.fetchone()[0])
+        connection.execute("CREATE TEMP TABLE wanted (id INTEGER PRIMARY KEY)")
+        connection.executemany("INSERT INTO wanted VALUES (?)", ((int(post_id),) for post_id in ids))
+        connection.execute("INSERT INTO main.posts SELECT * FROM source.posts WHERE id IN (SELECT id FROM wanted)")
+        connection.commit()
+        connection.close()
+        os.replace(temporary, target)
+    except sqlite3.DatabaseError as error:
+        raise DatasetError(file_field(source, "posts", f"cannot be copied into {target}: {error}")) from None
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+
+
+def read_fold_scores(fold: Fold) -> tuple[np.ndarray, np.ndarray] | None:
+    """(post ids, scores) a finished fold wrote; None while it is not done."""
+    if not fold.scores.is_file():
+        return None
+    with np.load(fold.scores) as saved:
+        return saved["ids"], saved["scores"]
+
+
+def write_fold_scores(fold: Fold, ids, scores) -> None:
+    handle, temporary = create_beside(fold.scores)
+    os.close(handle)
+    try:
+        with open(temporary, "wb") as stream:
+            np.savez(stream, ids=np.asarray(ids, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32))
+        os.replace(temporary, fold.scores)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+
+
+class FoldClock:
+    """The audit's ETA: the folds still to train at the pace of those trained in this run (or, before
+    the first, at most the --time-limit each)."""
+
+    def __init__(self, time_limit: float | None, clock=time.monotonic):
+        self.time_limit = time_limit
+        self.clock = clock
+        self.took: list[float] = []
+        self.started = None
+
+    def start(self) -> None:
+        self.started = self.clock()
+
+    def done(self) -> float:
+        seconds = self.clock() - self.started
+        self.took.append(seconds)
+        return seconds
+
+    def remaining(self, folds_left: int) -> str:
+        if folds_left <= 0:
+            return "none"
+        if self.took:
+            return f"about {format_seconds(folds_left * sum(self.took) / len(self.took))}"
+        if self.time_limit is not None:
+            return f"at most about {format_seconds(folds_left * self.time_limit)} (--time-limit each)"
+        return "unknown until the first fold is trained"
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"

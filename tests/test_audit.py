@@ -1,0 +1,325 @@
+"""deepdanbooru audit: folds, ranking, audit.csv and its record, applying accepted rows."""
+
+import csv
+import json
+import shutil
+import sqlite3
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from deepdanbooru.audit.apply import apply_audit, edit_caption
+from deepdanbooru.audit.folds import assign_folds
+from deepdanbooru.audit.main import finish, given_matrix
+from deepdanbooru.audit.ranking import rank_labels
+from deepdanbooru.audit.results import COLUMNS, read_suggestions
+from deepdanbooru.cli import main
+from deepdanbooru.dataset.records import load_records
+from deepdanbooru.errors import UserError
+from deepdanbooru.project.paths import ProjectPaths
+from train_helpers import make_project
+
+
+@pytest.fixture
+def own_dataset(tmp_path, sample_dataset):
+    """A copy of the sample dataset the test may change (its pictures shared)."""
+    database, tags = sample_dataset
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    shutil.copy(database, folder / "dataset.sqlite")
+    (folder / "images").symlink_to(database.parent / "images")
+    return folder / "dataset.sqlite", tags
+
+
+def tag_strings(database):
+    with sqlite3.connect(database) as connection:
+        return dict(connection.execute("SELECT id, tag_string FROM posts"))
+
+
+def audited_project(tmp_path, own_dataset, flips=((0, 0), (3, 5), (7, 2), (10, 11))):
+    """A project audited with scores that agree with every label but the `flips` (record, tag) pairs."""
+    database, tags = own_dataset
+    project = make_project(tmp_path / "project", database, tags)
+    records = load_records(database, 1)
+    given = given_matrix(records, tags)
+    scores = np.where(given == 1, 0.95, 0.05)
+    for row, column in flips:
+        scores[row, column] = 1.0 - scores[row, column]
+    lines = []
+    suggestions = finish(ProjectPaths(project), records, tags, np.arange(len(records)), scores,
+                         list(range(len(tags))), "test scores", None, lines.append)
+    return project, records, suggestions, lines
+
+
+def test_folds_are_balanced_fixed_by_seed_and_keep_groups_together(sample_dataset):
+    records = load_records(sample_dataset[0], 1)
+    folds = assign_folds(records, 3, seed=0)
+    assert sorted(np.bincount(folds).tolist()) == [8, 8, 8]
+    assert (assign_folds(records, 3, seed=0) == folds).all()
+    assert not (assign_folds(records, 3, seed=1) == folds).all()
+    from array import array
+    from dataclasses import replace
+
+    grouped = replace(records, split_ids=array("q", [1] * 6 + list(records.ids[6:])))
+    grouped_folds = assign_folds(grouped, 3, seed=0)
+    assert len(set(grouped_folds[:6].tolist())) == 1
+
+
+@pytest.mark.parametrize("folds", [1, 25])
+def test_folds_below_two_or_above_the_post_count_are_one_line(sample_dataset, folds):
+    with pytest.raises(UserError, match=rf"--folds {folds}: must be at least 2 and at most the number of posts "
+                                        r"\(24 eligible posts\)"):
+        assign_folds(load_records(sample_dataset[0], 1), folds, seed=0)
+
+
+def test_ranking_puts_flipped_labels_first():
+    rng = np.random.default_rng(0)
+    truth = rng.random((300, 6)) < 0.3
+    flips = rng.random(truth.shape) < 0.05
+    given = truth ^ flips
+    scores = np.clip(truth * 0.8 + 0.1 + rng.normal(0, 0.1, truth.shape), 0, 1)
+    ranking = rank_labels(given, scores)
+    top = ranking.full_order()[:flips.sum()]
+    assert flips[top[:, 0], top[:, 1]].mean() > 0.9
+    flagged = ranking.order()
+    assert len(flagged) > 0.8 * flips.sum() and flips[flagged[:, 0], flagged[:, 1]].mean() > 0.9
+
+
+def test_audit_csv_lists_the_disagreements_with_their_record(tmp_path, own_dataset):
+    project, records, suggestions, lines = audited_project(tmp_path, own_dataset)
+    tags = own_dataset[1]
+    with open(project / "audit.csv", newline="") as stream:
+        rows = list(csv.reader(stream))
+    assert tuple(rows[0]) == COLUMNS
+    found = {(int(row[0]), row[2]) for row in rows[1:]}
+    expected = {(records.ids[r], tags[c]) for r, c in ((0, 0), (3, 5), (7, 2), (10, 11))}
+    assert found == expected
+    for row in rows[1:]:
+        post = records.ids.index(int(row[0]))
+        carried = row[2] in records.tag_strings[post].split()
+        assert row[3] == str(int(carried)) and row[5] == ("wrong" if carried else "missing")
+        assert row[1] == records.md5s[post]
+    assert [int(row[6]) for row in rows[1:]] == [1, 2, 3, 4]
+    record = json.loads((project / "audit" / "audit.json").read_text())
+    assert set(record["posts"]) == {str(post) for post, _ in expected}
+    assert "4 suggestions" in lines[0]
+
+
+def test_apply_changes_the_posts_once_after_a_backup_that_restores_them(tmp_path, own_dataset, capsys):
+    database = own_dataset[0]
+    with sqlite3.connect(database) as connection:  # a hand edit before the audit, to keep
+        connection.execute("UPDATE posts SET tag_string = tag_string || ' hand_made' WHERE id = 2")
+    before = tag_strings(database)
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    accepted = tmp_path / "accepted.csv"
+    text = (project / "audit.csv").read_text().splitlines()
+    accepted.write_text("\n".join(text[:4]) + "\n")  # three of the four rows
+
+    dry = apply_audit(project, accepted, dry_run=True, echo=print)
+    assert tag_strings(database) == before and not (project / "audit" / "backups").exists()
+    assert "Dry run: nothing was changed" in capsys.readouterr().out
+
+    summary = apply_audit(project, accepted, echo=print)
+    after = tag_strings(database)
+    assert len(summary.changes) == len(dry.changes) == 3
+    for suggestion in suggestions[:3]:
+        present = suggestion.tag in after[suggestion.post_id].split()
+        assert present == (suggestion.kind == "missing")
+    assert {post for post in after if after[post] != before[post]} == {s.post_id for s in suggestions[:3]}
+    assert "hand_made" in after[2]
+    out = capsys.readouterr().out
+    assert "changed 3 posts" in out and "Backup of the database" in out
+
+    again = apply_audit(project, accepted, echo=print)
+    assert again.changes == [] and again.in_effect == 3 and tag_strings(database) == after
+    backups = sorted((project / "audit" / "backups").iterdir())
+    assert len(backups) == 1  # nothing changed, nothing backed up
+    shutil.copy(backups[0] / database.name, database)
+    assert tag_strings(database) == before
+
+
+def test_apply_refuses_rows_of_another_audit_and_posts_edited_since(tmp_path, own_dataset):
+    database = own_dataset[0]
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    lines = (project / "audit.csv").read_text().splitlines()
+    other = tmp_path / "other.csv"
+    forged = lines[1].split(",")
+    forged[1] = "0" * 32
+    other.write_text(lines[0] + "\n" + ",".join(forged) + "\n")
+    before = tag_strings(database)
+    with pytest.raises(UserError, match=r"other.csv: line 2: post \d+ with md5 0{32} is not a suggestion of the audit"):
+        apply_audit(project, other)
+    unsuggested = lines[1].split(",")
+    unsuggested[2], unsuggested[3], unsuggested[5] = "no_such_tag", "0", "missing"
+    other.write_text(lines[0] + "\n" + ",".join(unsuggested) + "\n")
+    with pytest.raises(UserError, match="missing tag 'no_such_tag'"):
+        apply_audit(project, other)
+
+    edited = suggestions[1].post_id
+    with sqlite3.connect(database) as connection:
+        connection.execute("UPDATE posts SET tag_string = tag_string || ' edited' WHERE id = ?", (edited,))
+    accepted = tmp_path / "accepted.csv"
+    accepted.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=rf"1 post changed since the audit: {edited} \(tags\); run the audit again"):
+        apply_audit(project, accepted)
+    before[edited] += " edited"
+    assert tag_strings(database) == before and not (project / "audit" / "backups").exists()
+
+
+def test_apply_file_needs_audit_csv_columns(tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text("post_id,tag\n1,a\n")
+    with pytest.raises(UserError, match="x.csv: header: must be post_id,md5,tag,given,score,kind,rank"):
+        read_suggestions(path)
+    path.write_text(",".join(COLUMNS) + "\n1,abc,red,1,0.2,missing,1\n")
+    with pytest.raises(UserError, match="line 2: given 1 with kind 'missing'"):
+        read_suggestions(path)
+
+
+def test_apply_edits_the_caption_files_of_the_imported_pictures(tmp_path, own_dataset):
+    database, tags = own_dataset
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    chosen = suggestions[:2]
+    for suggestion in chosen:
+        index = records.ids.index(suggestion.post_id)
+        shutil.copy(records.path(index), folder / f"p{suggestion.post_id}.jpg")
+        caption = ", ".join(records.tag_strings[index].split()).replace("_", " ")
+        (folder / f"p{suggestion.post_id}.txt").write_text(caption + "\n")
+    accepted = tmp_path / "accepted.csv"
+    accepted.write_text("\n".join((project / "audit.csv").read_text().splitlines()) + "\n")
+    summary = apply_audit(project, accepted, captions=folder)
+    assert len(summary.captions) == 2 and len(summary.no_caption) == len(summary.changes) - 2
+    from deepdanbooru.captions import parse_caption
+
+    for suggestion in chosen:
+        read = parse_caption((folder / f"p{suggestion.post_id}.txt").read_text())
+        assert (suggestion.tag in read) == (suggestion.kind == "missing")
+        saved = summary.backup / "captions" / f"p{suggestion.post_id}.txt"
+        assert (suggestion.tag in parse_caption(saved.read_text())) == (suggestion.kind == "wrong")
+
+
+@pytest.mark.parametrize("text, remove, add, expected", [
+    ("a, b, long hair\n", ["b"], ["c"], "a, long hair, c\n"),
+    ("x\ny\nz\n", ["y"], ["w"], "x\nz\nw\n"),
+    ("(masterpiece:1.2), red", [], ["blue"], "(masterpiece:1.2), red, blue"),
+    ("white background, red", ["red"], [], "white_background"),
+    ("a b c", ["b"], [], "a c"),
+])
+def test_caption_edits_keep_the_other_entries_as_written(text, remove, add, expected):
+    assert edit_caption(text, remove, add) == expected
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--folds", "1"], "--folds 1: must be at least 2"),
+    (["--folds", "99"], "--folds 99: must be at least 2 and at most the number of posts (24 eligible posts)"),
+    ([], "give --folds K"),
+    (["--dry-run"], "--dry-run and --captions go with --apply FILE"),
+])
+def test_bad_audit_arguments_are_one_line_and_write_nothing(sample_project, args, message):
+    result = invoke("audit", sample_project, *args)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in sample_project.iterdir()) == ["project.json", "tags.txt"]
+
+
+@pytest.mark.slow
+def test_fold_audit_trains_through_train_project_resumes_and_a_model_path_audit_uses_a_fold_model(
+        tmp_path, sample_dataset):
+    database, tags = sample_dataset
+    project = make_project(tmp_path / "project", database, tags, epoch_count=1, checkpoint_frequency_mb=100,
+                           image_width=16, image_height=16)
+    result = invoke("audit", project, "--folds", 2)
+    assert result.exit_code == 0, result.output
+    assert "Audit: fold 1 of 2: training on 12 posts, then scoring the 12 it does not see" in result.output
+    assert "time left for the audit: about" in result.output
+    folds = sorted((project / "audit" / "folds").iterdir())
+    for fold in folds:  # an ordinary project, trained by train-project on the other fold's posts
+        assert (fold / "model-resnet_small.keras").is_file() and (fold / "checkpoints" / "state.json").is_file()
+        trained = set(load_records(fold / "posts.sqlite", 1).ids)
+        with np.load(fold / "scores.npz") as saved:
+            scored = set(saved["ids"].tolist())
+        assert len(trained) == len(scored) == 12 and not trained & scored
+    with open(project / "audit.csv", newline="") as stream:
+        assert tuple(next(csv.reader(stream))) == COLUMNS
+
+    again = invoke("audit", project, "--folds", 2)
+    assert again.exit_code == 0 and "2 of 2 folds already scored" in again.output
+    assert "Training" not in again.output
+
+    other = make_project(tmp_path / "other", database, tags, image_width=16, image_height=16)
+    model = folds[0] / "model-resnet_small.keras"
+    by_model = invoke("audit", other, "--model-path", model)
+    assert by_model.exit_code == 0, by_model.output
+    assert f"knows {len(tags)} of the {len(tags)} tags" in by_model.output
+    assert (other / "audit.csv").is_file()
+
+    strangers = make_project(tmp_path / "strangers", database, ["nothing_shared", "at_all"])
+    refused = invoke("audit", strangers, "--model-path", model)
+    assert refused.exit_code != 0 and "is a tag of tags.txt" in refused.output
+    assert sorted(p.name for p in strangers.iterdir()) == ["project.json", "tags.txt"]
+
+
+@pytest.fixture
+def browser_page():
+    """A page of Debian's chromium driven by Playwright (no browser download), with the requests it made
+    and the errors it printed."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        page = browser.new_page(accept_downloads=True, viewport={"width": 900, "height": 700})
+        page.requests, page.errors = [], []
+        page.on("request", lambda request: page.requests.append(request.url))
+        page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
+        page.on("pageerror", lambda error: page.errors.append(str(error)))
+        yield page
+        browser.close()
+
+
+def test_audit_page_accepts_rejects_and_exports_rows_that_apply(tmp_path, own_dataset, browser_page):
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    page = browser_page
+    page.goto((project / "audit.html").as_uri())
+    rows = page.locator("tbody tr")
+    assert rows.count() == 4
+    assert page.locator("tbody img").count() == 4  # every thumbnail inlined
+    assert "0 accepted, 0 rejected, 4 undecided" in page.inner_text("#counts")
+    rows.nth(0).locator("button[value=accepted]").click()
+    rows.nth(1).locator("button[value=rejected]").click()
+    rows.nth(2).locator("button[value=accepted]").click()
+    assert "2 accepted, 1 rejected, 1 undecided" in page.inner_text("#counts")
+    page.screenshot(path=str(tmp_path / "audit.png"))
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = tmp_path / "exported.csv"
+    download.value.save_as(exported)
+    lines = (project / "audit.csv").read_text().splitlines()
+    assert exported.read_text() == "\n".join([lines[0], lines[1], lines[3]]) + "\n"
+
+    page.reload()  # decisions survive a reload
+    assert "2 accepted, 1 rejected, 1 undecided" in page.inner_text("#counts")
+    assert page.errors == []
+    assert all(url.startswith(("file:", "data:", "blob:")) for url in page.requests), page.requests
+
+    summary = apply_audit(project, exported)
+    assert sorted(change.post_id for change in summary.changes) == sorted(
+        {suggestions[0].post_id, suggestions[2].post_id})
+
+
+def test_without_cleanlab_the_audit_says_how_to_install_it_before_anything(sample_project, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cleanlab", None)  # import cleanlab then fails
+    monkeypatch.setitem(sys.modules, "cleanlab.multilabel_classification", None)
+    result = invoke("audit", sample_project, "--folds", 2)
+    assert result.exit_code != 0
+    assert "cleanlab (AGPL-3.0), an optional extra: pip install 'deepdanbooru[audit]'" in result.output
+    assert sorted(p.name for p in sample_project.iterdir()) == ["project.json", "tags.txt"]

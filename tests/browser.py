@@ -34,13 +34,13 @@ class Visit:
 
     @property
     def network_requests(self) -> list[str]:
-        """Requests that would leave the machine (anything but file: and data: URLs)."""
-        return [url for url in self.requests if not url.startswith(("file:", "data:"))]
+        """Requests that would leave the machine (anything but file:, data: and the page's own blob: URLs)."""
+        return [url for url in self.requests if not url.startswith(("file:", "data:", "blob:"))]
 
 
 @contextlib.contextmanager
-def open_page(path: Path, width: int = 1280, height: int = 900):
-    """Yields a Visit of the local file `path`, loaded with its scripts run."""
+def open_page(path: Path, width: int = 1280, height: int = 900, accept_downloads: bool = False):
+    """Yields a Visit of the local file `path`, loaded with its scripts run (downloads kept when asked)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -50,7 +50,7 @@ def open_page(path: Path, width: int = 1280, height: int = 900):
         # --no-sandbox: CI and these machines run the tests as root, where Chromium's sandbox refuses to start.
         browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": width, "height": height})
+            page = browser.new_page(viewport={"width": width, "height": height}, accept_downloads=accept_downloads)
             visit = Visit(page)
             page.on("console", lambda message: message.type == "error" and visit.console_errors.append(message.text))
             page.on("pageerror", lambda error: visit.page_errors.append(str(error)))

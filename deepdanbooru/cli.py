@@ -678,7 +678,7 @@ def report(project_path, model_path, save_path, allow_gpu, batch_size):
     from deepdanbooru.report.make import make_report
 
     make_report(project_path, model_path=model_path, output=save_path, batch_size=batch_size, allow_gpu=allow_gpu,
-               echo=click.echo)
+                echo=click.echo)
 
 
 @main.command("audit")
@@ -701,8 +701,10 @@ def report(project_path, model_path, save_path, allow_gpu, batch_size):
 @click.option("--captions", type=click.Path(file_okay=False, path_type=str),
               help="With --apply: the folder import-images read; the pictures' caption files get the same change.")
 @click.option("--caption-extension", default=".txt", show_default=True, help="With --captions: their extension.")
+@click.option("--caption-separator", default=",", show_default=True,
+              help="With --captions: the string between their tags, as import-images read them.")
 def audit(project_path, folds, model_path, time_limit, top, batch_size, apply_file, dry_run, captions,
-          caption_extension):
+          caption_extension, caption_separator):
     """Rank the tags of PROJECT_PATH's posts most likely wrong or missing (PROJECT_PATH/audit.csv, audit.html).
 
     Scores come from models that did not train on the post (--folds K or --model-path); labels are ranked
@@ -724,7 +726,7 @@ def audit(project_path, folds, model_path, time_limit, top, batch_size, apply_fi
     from deepdanbooru.audit.apply import apply_audit
 
     apply_audit(project_path, apply_file, dry_run=dry_run, captions=captions, caption_ext=caption_extension,
-                echo=click.echo)
+                caption_separator=caption_separator, echo=click.echo)
 
 
 @main.command("data-service")

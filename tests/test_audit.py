@@ -213,6 +213,23 @@ def test_caption_edits_keep_the_other_entries_as_written(text, remove, add, expe
     assert edit_caption(text, remove, add) == expected
 
 
+@pytest.mark.parametrize("separator, text, expected", [
+    ("|", "a|long hair|b", "a|long hair|c"),
+    (" | ", "a, x | long hair | b", "a, x | long hair | c"),
+])
+def test_caption_edits_read_and_write_the_folder_s_separator(separator, text, expected):
+    from deepdanbooru.captions import parse_caption
+
+    edited = edit_caption(text, ["b"], ["c"], separator)
+    assert edited == expected
+    assert parse_caption(edited, separator) == [tag for tag in parse_caption(text, separator) if tag != "b"] + ["c"]
+
+
+def test_a_bad_caption_separator_for_apply_is_one_line():
+    with pytest.raises(UserError, match="--caption-separator"):
+        edit_caption("a, b", ["b"], [], "")
+
+
 def invoke(*args):
     return CliRunner().invoke(main, [str(arg) for arg in args])
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepdanbooru.audit.results import AUDIT_DIR, read_record, read_suggestions
-from deepdanbooru.captions import (DEFAULT_EXTENSION, append_caption, caption_extension, format_caption, parse_caption,
-                                   read_caption, read_tag, split_caption, tag_key)
+from deepdanbooru.captions import (DEFAULT_EXTENSION, DEFAULT_SEPARATOR, append_caption, caption_extension,
+                                   format_caption, parse_caption, read_caption, read_tag, split_caption, tag_key)
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.categories import GENERAL, RATING_PREFIX, tag_categories
@@ -143,17 +143,19 @@ def _plan(rows, record, current, database, general) -> tuple[list[Change], int]:
     return changes, in_effect
 
 
-def edit_caption(text: str, remove, add) -> str:
-    """`text` without the entries of `remove` and with `add` appended, the other entries as written."""
-    entries, lines = split_caption(text)
+def edit_caption(text: str, remove, add, separator: str = DEFAULT_SEPARATOR) -> str:
+    """`text` without the entries of `remove` and with `add` appended, the other entries as written; read and
+    written with `separator` (import-images' --caption-separator)."""
+    entries, lines = split_caption(text, separator)
     dropped = {tag_key(tag) for tag in remove}
-    kept = [entry for entry in entries if tag_key(read_tag(entry)) not in dropped]
-    base = text if len(kept) == len(entries) else ("\n" if lines else ", " if "," in text else " ").join(kept)
-    written = append_caption(base, add) if kept else format_caption(add)
-    wanted = list(dict.fromkeys(tag_key(tag) for tag in [read_tag(entry) for entry in kept] + list(add)))
-    if [tag_key(tag) for tag in parse_caption(written)] != wanted:
-        # e.g. one spaced entry left of a comma list: the plain comma form reads back right whatever it held
-        written = format_caption([read_tag(entry) for entry in kept] + list(add))
+    kept = [entry for entry in entries if tag_key(read_tag(entry, separator)) not in dropped]
+    joiner = "\n" if lines else separator if separator != DEFAULT_SEPARATOR else ", " if "," in text else " "
+    base = text if len(kept) == len(entries) else joiner.join(kept)
+    written = append_caption(base, add, separator=separator) if kept else format_caption(add, separator=separator)
+    wanted = list(dict.fromkeys(tag_key(tag) for tag in [read_tag(entry, separator) for entry in kept] + list(add)))
+    if [tag_key(tag) for tag in parse_caption(written, separator)] != wanted:
+        # e.g. one spaced entry left of a comma list: the plain separated form reads back right whatever it held
+        written = format_caption([read_tag(entry, separator) for entry in kept] + list(add), separator=separator)
     if text.endswith("\n") and not written.endswith("\n"):
         written += "\n"
     return written
@@ -175,7 +177,8 @@ def _caption_files(folder: Path, extension: str, md5s: set) -> dict:
 
 
 def apply_audit(project_path, apply_file, *, dry_run: bool = False, captions=None,
-                caption_ext: str = DEFAULT_EXTENSION, echo=print) -> ApplySummary:
+                caption_ext: str = DEFAULT_EXTENSION, caption_separator: str = DEFAULT_SEPARATOR,
+                echo=print) -> ApplySummary:
     paths = ProjectPaths(project_path)
     config = load_config(paths.root)
     tags = load_tags(paths.tags)
@@ -208,7 +211,7 @@ def apply_audit(project_path, apply_file, *, dry_run: bool = False, captions=Non
                 summary.no_caption.append(change.post_id)
                 continue
             text = read_caption(sidecar)
-            edited = edit_caption(text, change.removed, change.added)
+            edited = edit_caption(text, change.removed, change.added, caption_separator)
             if edited != text:
                 caption_edits.append((sidecar, edited))
     summary.captions = [path for path, _ in caption_edits]

@@ -83,6 +83,11 @@ class TrainStep:
             self.sums = StepSums()
         # Under XLA where it compiles (compiling.XlaFunction); MaxPooling2D layers must then compute as
         # strided maxima (models.pooling) for op determinism to allow it.
+        copies = strategy.num_replicas_in_sync
+        if jit_compile and copies > 1:
+            echo(f"jit_compile: the training step runs without XLA, which cannot compile it: its variables have "
+                 f"{copies} copies on {copies} devices (replicated training), and one XLA program runs on one device")
+            jit_compile = False
         self._function = XlaFunction(self._step, None, jit_compile, "the training step", echo)
         self._bound = False
 

@@ -14,7 +14,7 @@ deterministic under XLA. Ties go to the first slice in row-major window
 order, the element MaxPool's own gradient picks; where windows overlap, an
 input that is the maximum of several of them receives the sum of their
 gradients in another order, so gradients agree to float rounding
-(tests/test_pooling.py).
+(tests/test_xla.py).
 
 Only the trainer's model in memory is switched (`use_strided_max_pooling`):
 the layers stay keras.layers.MaxPooling2D with their own config, so every

@@ -2,6 +2,7 @@
 
     python bench/xla.py [--models resnet_small,convnext_tiny,efficientnetv2_b0,vit_small_patch16,wd_vit]
                         [--size 64] [--batch 16] [--steps 8] [--torch /path/to/python-with-torch-and-timm]
+    python bench/xla.py --overhead     # the host's cost of one step call, plain and under XLA
 
 Each measurement is a fresh subprocess, the three for one model one after the
 other (Keras uncompiled, Keras under XLA, then timm if --torch names a Python
@@ -116,6 +117,42 @@ print(json.dumps({"samples_per_second": steps * batch / (time.monotonic() - begi
 """.replace("TAGS", str(TAGS)).replace("WARMUP", str(WARMUP))
 
 
+# The host's cost per step call: TrainStep on a model with next to no work (global pool and a 3x5 dense), so
+# the time per call is the call itself, the iterator's next and the step's bookkeeping: what running several
+# steps per call (as Keras' steps_per_execution) could save at most.
+OVERHEAD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import keras, numpy as np, tensorflow as tf
+from deepdanbooru.models import make_optimizer
+from deepdanbooru.training.step import TrainStep
+from deepdanbooru.training.strategy import choose_strategy
+tf.config.experimental.enable_op_determinism()
+strategy = choose_strategy()
+result = {}
+for jit in (False, True):
+    with strategy.scope():
+        image = keras.Input((8, 8, 3))
+        model = keras.Model(image, keras.layers.Dense(5, activation="sigmoid")(keras.layers.GlobalAveragePooling2D()(image)))
+        optimizer = make_optimizer("adam", 0.001)
+        optimizer.build(model.trainable_variables)
+    element = {"image": np.zeros((4, 8, 8, 3), np.float32), "label": np.zeros((4, 5), np.float32), "position": np.arange(4)}
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(element).repeat())
+    step = TrainStep(strategy, model, optimizer, "binary_crossentropy", loss_scaled=False, jit_compile=jit)
+    step.bind(dataset.element_spec)
+    iterator = iter(dataset)
+    for _ in range(5):
+        step(next(iterator))
+    step.sums.read_window()
+    begin = time.monotonic()
+    for _ in range(300):
+        step(next(iterator))
+    step.sums.read_window()
+    result["xla" if jit else "plain"] = 1000 * (time.monotonic() - begin) / 300
+print(json.dumps({"ms_per_call": result}))
+"""
+
+
 def _timm_twin(name: str, size: int) -> tuple[str, dict] | None:
     """The same architecture in timm, or None where timm has no twin (the DeepDanbooru ResNets)."""
     twins = {
@@ -146,8 +183,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--overhead", action="store_true", help="only the host's cost per step call")
     parser.add_argument("--torch", help="a Python with torch and timm (the timm side; wd_vit needs it)")
     args = parser.parse_args()
+    if args.overhead:
+        cost = _child([sys.executable, "-c", OVERHEAD, str(ROOT)])
+        print(f"ms per step call: {cost}")
+        print(json.dumps(cost))
+        return
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):

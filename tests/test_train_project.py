@@ -342,3 +342,30 @@ def test_source_model_must_match_input_and_tags(tmp_path, sample_dataset):
         train_project(project, source_model=wrong_input, echo=lambda *_: None)
     with pytest.raises(ModelError, match=r"missing.keras: --source-model not found \(give a .keras/.h5 file or a timm checkpoint folder\)"):
         train_project(project, source_model=tmp_path / "missing.keras", echo=lambda *_: None)
+
+
+def test_compiled_run_matches_and_resumes_exactly(trained, tmp_path, sample_dataset):
+    """jit_compile: resnet_small (its stem's MaxPooling2D included) trains under XLA without a fallback, ends
+    within float rounding of the uncompiled run, and a run resumed from a mid-epoch checkpoint (as a kill
+    right after it leaves the project) ends bit for bit where the unbroken compiled run did."""
+    import numpy as np
+
+    from train_helpers import weights
+
+    reference, _ = trained
+    project = make_project(tmp_path / "compiled", *sample_dataset, jit_compile=True, epoch_count=1)
+    lines = []
+    train_project(project, echo=lines.append)
+    assert not any("jit_compile" in line for line in lines)
+    # Adam's early steps move each weight by about the learning rate (0.001) whatever the gradient's size,
+    # so XLA's other rounding of near-zero gradients shows as differences of a few steps, not more.
+    for compiled, plain in zip(weights(project / EXPORTS[0]), weights(reference / EXPORTS[0])):
+        np.testing.assert_allclose(compiled, plain, rtol=1e-2, atol=5e-3)
+    resumed = copy_at(project, tmp_path / "resumed", "ckpt-1")
+    for name in EXPORTS[:1] + EXPORTS[2:]:
+        (resumed / name).unlink()
+    lines = []
+    train_project(resumed, echo=lines.append)
+    assert any(line.startswith("Resuming from ") for line in lines)
+    for name in EXPORTS[:1] + EXPORTS[2:]:
+        assert_same_weights(project / name, resumed / name)

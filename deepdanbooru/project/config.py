@@ -359,6 +359,11 @@ KEYS: tuple[Key, ...] = (
         ", ".join(BEST_MODEL_METRICS), spec=False),
     Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
         "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
+    Key("jit_compile", False, _bool,
+        "run the training step and validation's forward pass under XLA where they compile (one notice names "
+        "the reason where one does not, and it runs uncompiled); MaxPooling2D then trains as an equal maximum "
+        "over strided slices. Results match the uncompiled run to float rounding, not bitwise; see "
+        "docs/performance.md for where it pays", "bool", "true, false", spec=False),
     # The recipe keys. Defaults: DeepDanbooru's recipe, unchanged.
     Key("asl_gamma_neg", 4.0, _float(0.0), "loss asymmetric: focusing exponent of the negatives", "float", ">= 0",
         spec=False),
@@ -486,6 +491,7 @@ class ProjectConfig:
     validation_threshold: float
     best_model_metric: str
     gradient_clip_norm: float | None
+    jit_compile: bool
     asl_gamma_neg: float
     asl_gamma_pos: float
     asl_clip: float

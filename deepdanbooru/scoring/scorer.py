@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from deepdanbooru.compiling import XlaFunction
 from deepdanbooru.models.losses import as_loss
 from deepdanbooru.scoring.metrics import ValidationMetrics
 
@@ -18,15 +19,16 @@ from deepdanbooru.scoring.metrics import ValidationMetrics
 class BatchScorer:
     """(images, labels) -> (float32 scores, summed per-image loss); one trace serves every batch size."""
 
-    def __init__(self, model, loss, height: int, width: int):
-        """loss: a loss name, or a Loss made with reduction "none" (models.losses.project_loss)."""
+    def __init__(self, model, loss, height: int, width: int, jit_compile: bool = False, echo=print):
+        """loss: a loss name, or a Loss made with reduction "none" (models.losses.project_loss).
+        jit_compile: under XLA where it compiles (compiling.XlaFunction)."""
         self.model = model
         self.n_tags = int(model.output_shape[-1])
         self._loss = as_loss(loss, "none")
-        self._call = tf.function(self._score, input_signature=[
+        self._call = XlaFunction(self._score, [
             tf.TensorSpec([None, height, width, 3], tf.float32),
             tf.TensorSpec([None, self.n_tags], tf.float32),
-        ], autograph=False)
+        ], jit_compile, "the validation forward pass", echo)
 
     def _score(self, images, labels):
         # The output layer is float32 under mixed precision too; the cast only guards foreign models.

@@ -36,6 +36,7 @@ from deepdanbooru.models import make_optimizer
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors
 from deepdanbooru.models.partial import partial_training
+from deepdanbooru.models.pooling import use_strided_max_pooling
 from deepdanbooru.models.precision import MIXED, choose_policy
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.runstate.state import Counters, RunIdentity
@@ -123,6 +124,9 @@ class SliceTrainer:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
+        if self.config.jit_compile:
+            # XLA's MaxPool gradient has no deterministic kernel; the strided maximum computes the same values.
+            use_strided_max_pooling(self.model)
         # What every checkpoint records and every line names: the network that trains, and its source.
         source = recorded.source if recorded else plan.source_model
         self.exports = export_name(self.config.model, self.model, source, self.latest)
@@ -141,14 +145,15 @@ class SliceTrainer:
             self.fit.resume(self.counters, restore_seconds, self.worker_sums)
         self.step = TrainStep(strategy, self.model, self.optimizer,
                               project_loss(self.config, "none", priors.loss_weights()),
-                              loss_scaled=self.policy == MIXED, ema=self.ema)
+                              loss_scaled=self.policy == MIXED, ema=self.ema, jit_compile=self.config.jit_compile,
+                              echo=echo)
         self.step.sums.step.assign(self.counters.used_minibatch)
         self.freeze = BackboneFreeze(self.model, inner, self.config.freeze_backbone_epochs,
                                      on_change=self.step.retrace, echo=echo,
                                      trains=f"trainable_blocks' {self.partial.part()}" if self.partial else "every layer")
         self.budget = plan.time_budget
         self.report = RunReport(plan, self.schedule, self.rates, self.counters, self.step.sums, self.monitors)
-        self.outputs = Outputs(plan, self.model, self.ema, self.monitors)
+        self.outputs = Outputs(plan, self.model, self.ema, self.monitors, echo)
         self.slices = SliceRunner(plan, strategy, self.worker_sums, self.step, self.optimizer, self.rates,
                                   self.counters, self.report, self.monitors, self._check_finite)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from deepdanbooru.compiling import XlaFunction
 from deepdanbooru.models.losses import as_loss
 from deepdanbooru.training.strategy import sum_across_replicas, take_over_gradient_reduction
 
@@ -65,7 +66,8 @@ def threshold_counts(scores, labels):
 class TrainStep:
     """`TrainStep(...)(distributed_batch)` runs one optimisation step on every replica."""
 
-    def __init__(self, strategy, model, optimizer, loss, loss_scaled: bool, count_metrics: bool = True, ema=None):
+    def __init__(self, strategy, model, optimizer, loss, loss_scaled: bool, count_metrics: bool = True, ema=None,
+                 jit_compile: bool = False, echo=print):
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
@@ -79,18 +81,32 @@ class TrainStep:
         take_over_gradient_reduction(optimizer, strategy)
         with strategy.scope():
             self.sums = StepSums()
-        self._function = None
+        # Under XLA where it compiles (compiling.XlaFunction); MaxPooling2D layers must then compute as
+        # strided maxima (models.pooling) for op determinism to allow it.
+        copies = strategy.num_replicas_in_sync
+        if jit_compile and copies > 1:
+            echo(f"jit_compile: the training step runs without XLA, which cannot compile it: its variables have "
+                 f"{copies} copies on {copies} devices (replicated training), and one XLA program runs on one device")
+            jit_compile = False
+        self._function = XlaFunction(self._step, None, jit_compile, "the training step", echo)
+        self._bound = False
+
+    @property
+    def jit_compile(self) -> bool:
+        """Whether the step runs under XLA (False after a fallback)."""
+        return self._function.jit_compile
 
     def bind(self, element_spec) -> None:
         """Compile for batches of this spec (batch dimension None): one trace serves full and partial batches."""
-        if self._function is None:
-            # No autograph (as Keras's own train step): the branches here are on Python values, and
-            # converting the step's source cost ~0.8 s of the first step (py-spy, docs/performance.md).
-            self._function = tf.function(self._step, input_signature=[element_spec], autograph=False)
+        if not self._bound:
+            # Converting the step's source with autograph cost ~0.8 s of the first step (py-spy,
+            # docs/performance.md); its branches are on Python values, so it is traced without.
+            self._function.retrace([element_spec])
+            self._bound = True
 
     def retrace(self) -> None:
         """Compile again at the next bind: the model's trainable variables changed."""
-        self._function = None
+        self._bound = False
 
     def __call__(self, batch) -> None:
         self._function(batch)

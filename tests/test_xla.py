@@ -1,0 +1,110 @@
+"""jit_compile: the strided-maximum MaxPooling2D, the XLA fallback notice, the key, a compiled run and its resume."""
+
+import json
+import shutil
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from train_helpers import assert_same_weights, make_project, weights
+
+from deepdanbooru.compiling import XlaFunction, compile_failure_reason
+from deepdanbooru.errors import ConfigError
+from deepdanbooru.models.pooling import strided_max_pool, use_strided_max_pooling
+from deepdanbooru.project.config import load_config
+
+
+@pytest.fixture(autouse=True, scope="module")
+def determinism():
+    # As in training: op determinism on, the setting under which XLA refuses MaxPool's gradient.
+    tf.config.experimental.enable_op_determinism()
+
+
+@pytest.mark.parametrize("shape, pool, strides, padding", [
+    ((2, 17, 16, 3), (3, 3), (2, 2), "same"),  # the ResNet stem's pool, odd height
+    ((2, 16, 16, 3), (3, 3), (2, 2), "valid"),
+    ((1, 9, 11, 2), (2, 2), (2, 2), "same"),
+    ((2, 8, 8, 4), (3, 2), (1, 2), "same"),
+])
+def test_strided_max_pool_equals_max_pool_values_and_gradients(shape, pool, strides, padding):
+    rng = np.random.default_rng(0)
+    x = rng.random(shape).astype(np.float32)
+    x[x < 0.5] = 0.0  # ties, as after a relu
+    x = tf.constant(x)
+    expected = tf.nn.max_pool2d(x, pool, strides, padding.upper())
+    upstream = tf.constant(rng.random(expected.shape).astype(np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        reference = tf.reduce_sum(tf.nn.max_pool2d(x, pool, strides, padding.upper()) * upstream)
+        ours = strided_max_pool(x, pool, strides, padding)
+        total = tf.reduce_sum(ours * upstream)
+    np.testing.assert_array_equal(ours.numpy(), expected.numpy())
+    np.testing.assert_array_equal(tape.gradient(total, x).numpy(), tape.gradient(reference, x).numpy())
+
+
+def _pooling_model():
+    inputs = keras.Input((9, 9, 2))
+    x = keras.layers.Conv2D(3, 3, padding="same", name="conv")(inputs)
+    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="pool")(x)
+    return keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+
+
+def test_switched_model_computes_the_same_and_saves_plain_keras(tmp_path):
+    model = _pooling_model()
+    x = np.random.default_rng(1).random((3, 9, 9, 2)).astype(np.float32)
+    before = model(x).numpy()
+    assert use_strided_max_pooling(model) == 1
+    np.testing.assert_array_equal(model(x).numpy(), before)
+    # Under XLA with determinism on, the gradient now compiles.
+    step = tf.function(lambda v: tf.gradients(tf.reduce_sum(model(v, training=True)), model.trainable_variables),
+                       jit_compile=True)
+    assert all(np.isfinite(g.numpy()).all() for g in step(x))
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in model.layers]
+    assert loaded.get_layer("pool").get_config() == model.get_layer("pool").get_config()
+    np.testing.assert_array_equal(loaded(x).numpy(), before)
+
+
+def test_fallback_says_why_once_and_computes_the_same():
+    def pool_gradient(x):
+        return tf.gradients(tf.reduce_sum(tf.nn.max_pool2d(x, 3, 2, "SAME") ** 2), x)[0]
+
+    notices = []
+    function = XlaFunction(pool_gradient, [tf.TensorSpec([None, 8, 8, 1], tf.float32)], True, "the test step",
+                           notices.append)
+    x = tf.constant(np.random.default_rng(2).random((2, 8, 8, 1)).astype(np.float32))
+    result = function(x)
+    np.testing.assert_array_equal(result.numpy(), tf.function(pool_gradient)(x).numpy())
+    function(x)
+    assert function.jit_compile is False
+    assert len(notices) == 1
+    assert notices[0].startswith("jit_compile: the test step runs without XLA, which cannot compile it: ")
+    assert "MaxPool" in notices[0] and "deterministic" in notices[0] and "\n" not in notices[0]
+
+
+def test_compiled_function_stays_compiled():
+    notices = []
+    function = XlaFunction(lambda x: x * 2.0, [tf.TensorSpec([None], tf.float32)], True, "doubling", notices.append)
+    assert function(tf.constant([1.0, 2.0])).numpy().tolist() == [2.0, 4.0]
+    assert function.jit_compile is True and notices == []
+
+
+def test_other_errors_are_not_taken_for_compile_failures():
+    assert compile_failure_reason(tf.errors.InvalidArgumentError(None, None, "Input to reshape is a tensor with 3 "
+                                                                            "values")) is None
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_jit_compile_must_be_a_bool(sample_project, value):
+    config = json.loads((sample_project / "project.json").read_text())
+    (sample_project / "project.json").write_text(json.dumps({**config, "jit_compile": value}))
+    with pytest.raises(ConfigError) as caught:
+        load_config(sample_project)
+    message = str(caught.value)
+    assert "project.json" in message and "jit_compile" in message and "\n" not in message
+
+
+def test_default_is_off(sample_project):
+    assert load_config(sample_project).jit_compile is False

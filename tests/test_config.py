@@ -114,6 +114,12 @@ def test_absolute_database_path_kept(tmp_path):
         ("validation_threshold", 2, "validation_threshold: must be <= 1.0"),
         ("best_model_metric", "f1", "best_model_metric: must be one of"),
         ("gradient_clip_norm", 0, "gradient_clip_norm: must be > 0.0"),
+        ("layer_decay", 0, "layer_decay: must be > 0.0"),
+        ("layer_decay", 1.5, "layer_decay: must be <= 1.0"),
+        ("layer_decay", "x", "layer_decay: must be a number"),
+        ("trainable_blocks", -1, "trainable_blocks: must be >= 0, got -1"),
+        ("trainable_blocks", 1.5, "trainable_blocks: must be an integer, got 1.5"),
+        ("trainable_blocks", "2", 'trainable_blocks: must be an integer, got "2"'),
     ],
 )
 def test_bad_values_name_file_key_and_value(tmp_path, key, value, message):

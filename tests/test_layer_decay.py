@@ -9,10 +9,9 @@ import pytest
 import tensorflow as tf
 from train_helpers import assert_same_weights, killed_copy, make_project, read_state
 
-from deepdanbooru.errors import ConfigError, ModelError
+from deepdanbooru.errors import ModelError
 from deepdanbooru.models import build_model
 from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors, make_optimizer
-from deepdanbooru.project.config import load_config
 
 DECAY = 0.5
 SHAPE = (32, 32, 3)
@@ -208,15 +207,6 @@ def test_imported_wd_families_place_stem_stages_and_top():
     assert vit["vit_block1_mlp2/kernel"] == DECAY
     assert {path for path in exempt if "norm" not in path} == {
         "vit_class_token/kernel", "vit_register_tokens/kernel", "vit_position_embedding/kernel"}
-
-
-@pytest.mark.parametrize("value, message", [(0, "must be > 0.0"), (1.5, "must be <= 1.0"), ("x", "must be a number")])
-def test_layer_decay_is_validated(tmp_path, value, message):
-    (tmp_path / "project.json").write_text(json.dumps({"layer_decay": value}))
-    with pytest.raises(ConfigError, match=f"layer_decay: {message}"):
-        load_config(tmp_path)
-    (tmp_path / "project.json").write_text("{}")
-    assert load_config(tmp_path).layer_decay is None
 
 
 LATER_EXPORTS = ["model-resnet_small.e2.keras", "model-resnet_small.keras"]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from train_helpers import assert_same_weights, killed_copy, make_project, read_state, set_config
 
 from deepdanbooru.cli import main
-from deepdanbooru.errors import ConfigError, ModelError
+from deepdanbooru.errors import ModelError
 from deepdanbooru.models.head import head_layer
 from deepdanbooru.models.partial import partial_training
 from deepdanbooru.project.config import load_config
@@ -80,16 +80,6 @@ def test_the_registry_vit_trains_its_last_blocks_and_says_its_share():
 
 
 # --- bad input ---
-
-@pytest.mark.parametrize("value, message", [(-1, "must be >= 0, got -1"), (1.5, "must be an integer, got 1.5"),
-                                            ("2", 'must be an integer, got "2"')])
-def test_trainable_blocks_is_validated(tmp_path, value, message):
-    (tmp_path / "project.json").write_text(json.dumps({"trainable_blocks": value}))
-    with pytest.raises(ConfigError, match=f"trainable_blocks: {message}$"):
-        load_config(tmp_path)
-    (tmp_path / "project.json").write_text("{}")
-    assert load_config(tmp_path).trainable_blocks is None
-
 
 def test_more_blocks_than_the_model_has_names_both():
     with pytest.raises(ModelError, match=r"^project.json: trainable_blocks: is 3, but --source-model x has 2 "

@@ -14,7 +14,7 @@ import numpy as np
 
 from deepdanbooru.audit import folds as fold_room
 from deepdanbooru.audit.results import AUDIT_DIR, Suggestion, write_results
-from deepdanbooru.dataset.records import Records, load_records
+from deepdanbooru.dataset.records import Records, project_records
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
@@ -48,10 +48,7 @@ def run_audit(project_path, *, folds: int | None = None, model_path=None, time_l
     paths = ProjectPaths(project_path)
     config = load_config(paths.root)
     tags = load_tags(paths.tags)
-    database = config.require_database()
-    records = load_records(database, config.minimum_tag_count, config.image_extensions)
-    if not len(records):
-        raise DatasetError(file_field(database, "posts", "no eligible records to audit"))
+    records = project_records(config, "audit")
     if folds is not None:
         config.require_epoch_count(time_limit)
         fold_of = fold_room.assign_folds(records, folds, config.seed)  # checks K before anything is written

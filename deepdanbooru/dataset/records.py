@@ -156,6 +156,16 @@ def split_keys(connection, source=None) -> dict[int, int]:
     return keys
 
 
+def project_records(config, purpose: str) -> Records:
+    """The eligible posts of a project's database (its minimum_tag_count and image_extensions), or one line
+    naming the database's posts table when none is left to `purpose` (e.g. "pack", "audit")."""
+    database = config.require_database()
+    records = load_records(database, config.minimum_tag_count, config.image_extensions)
+    if not len(records):
+        raise DatasetError(file_field(database, "posts", f"no eligible records to {purpose}"))
+    return records
+
+
 def load_records(database_path, minimum_tag_count: int, extensions=("png", "jpg", "jpeg")) -> Records:
     """All eligible posts, id ascending. Raises DatasetError naming file and table/column/row."""
     database_path = Path(database_path)

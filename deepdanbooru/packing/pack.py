@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from deepdanbooru.dataset.records import load_records
-from deepdanbooru.errors import DatasetError, Interrupted, TrainingError, file_field
+from deepdanbooru.dataset.records import project_records
+from deepdanbooru.errors import DatasetError, Interrupted, file_field
 from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
 from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
@@ -170,9 +170,7 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
     config = load_config(paths.root)
     tags = load_tags(paths.tags)
     database = config.require_database()
-    records = load_records(database, config.minimum_tag_count, config.image_extensions)
-    if not len(records):
-        raise TrainingError(file_field(database, "posts", "no eligible records to pack"))
+    records = project_records(config, "pack")
     source = made_from(paths.root, config, paths.tags, records)
     directory = paths.root / SHARDS_DIR
     per_shard = shard_records or records_per_shard(source["box"])

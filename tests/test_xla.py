@@ -108,3 +108,38 @@ def test_jit_compile_must_be_a_bool(sample_project, value):
 
 def test_default_is_off(sample_project):
     assert load_config(sample_project).jit_compile is False
+
+
+def test_partial_training_compiles_and_leaves_its_frozen_stages_alone():
+    """trainable_blocks meets jit_compile: resnet_small (its stem's MaxPooling2D computed as strided maxima)
+    with only its last stage and head trainable takes compiled steps without a fallback; the frozen stages'
+    weights stay bit for bit, the trainable ones move."""
+    from deepdanbooru.models import build_model, make_optimizer
+    from deepdanbooru.models.partial import partial_training
+    from deepdanbooru.training.step import TrainStep
+
+    strategy = tf.distribute.get_strategy()
+    with strategy.scope():
+        model = build_model("resnet_small", (32, 32, 3), 5, seed=0)
+        partial = partial_training(model, "resnet_small", 1)
+        partial.freeze()
+        assert use_strided_max_pooling(model) >= 1
+        optimizer = make_optimizer("adam", 0.01)
+        optimizer.build(model.trainable_variables)
+    frozen = [(weight.path, weight.numpy()) for layer in partial.frozen for weight in layer.weights]
+    trained = [(weight.path, weight.numpy()) for weight in model.trainable_weights]
+    assert frozen and trained
+    notices = []
+    step = TrainStep(strategy, model, optimizer, "binary_crossentropy", loss_scaled=False, jit_compile=True,
+                     echo=notices.append)
+    rng = np.random.default_rng(3)
+    batch = {"image": tf.constant(rng.random((4, 32, 32, 3)).astype(np.float32)),
+             "label": tf.constant((rng.random((4, 5)) < 0.4).astype(np.float32))}
+    step.bind({key: tf.TensorSpec([None, *value.shape[1:]], value.dtype) for key, value in batch.items()})
+    step(batch)
+    step(batch)
+    assert notices == [] and step.jit_compile
+    by_path = {weight.path: weight.numpy() for weight in model.weights}
+    for path, before in frozen:
+        np.testing.assert_array_equal(by_path[path], before, err_msg=path)
+    assert any(not np.array_equal(by_path[path], before) for path, before in trained)

@@ -244,3 +244,42 @@ def test_backbone_weights_refuses_an_eva02_folder_in_one_line():
     with pytest.raises(ModelError, match=r"eva02_wd/config.json: architecture: the eva02_large_patch14_448 checkpoint "
                                          r"has no model in the registry to start .*import-model takes it whole"):
         load_backbone_weights(model, "vit_small_patch16", FIXTURES / "eva02_wd", (32, 32, 3))
+
+
+def test_trains_under_xla_with_its_last_block_only():
+    """An imported EVA02 meets jit_compile and trainable_blocks: the compiled training step takes it without a
+    fallback (rotary tables, einsum attention), the compiled forward pass gives the plain one's scores, and
+    with trainable_blocks 1 the first block and the stem stay bit for bit."""
+    import tensorflow as tf
+
+    from deepdanbooru.compiling import XlaFunction
+    from deepdanbooru.models import make_optimizer
+    from deepdanbooru.models.partial import partial_training
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+    from deepdanbooru.training.step import TrainStep
+
+    folder = FIXTURES / "eva02_wd"
+    model = import_checkpoint(folder).model
+    inputs = tf.constant(np.load(folder / "inputs.npy"))
+    notices = []
+    forward = XlaFunction(lambda x: model(x, training=False), [tf.TensorSpec([None, *inputs.shape[1:]])], True,
+                          "the forward pass", notices.append)
+    np.testing.assert_allclose(forward(inputs).numpy(), np.asarray(model(inputs)), atol=1e-5)
+    strategy = tf.distribute.get_strategy()
+    partial = partial_training(model, "vit_small_patch16", 1)
+    partial.freeze()
+    optimizer = make_optimizer("adam", 0.01)
+    optimizer.build(model.trainable_variables)
+    frozen = [(weight.path, weight.numpy()) for layer in partial.frozen for weight in layer.weights]
+    assert any(path.startswith("vit_block0_") for path, _ in frozen)
+    step = TrainStep(strategy, model, optimizer, "binary_crossentropy", loss_scaled=False, jit_compile=True,
+                     echo=notices.append)
+    labels = tf.constant((np.random.default_rng(0).random((len(inputs), model.output_shape[-1])) < 0.5)
+                         .astype(np.float32))
+    batch = {"image": inputs, "label": labels}
+    step.bind({key: tf.TensorSpec([None, *value.shape[1:]], value.dtype) for key, value in batch.items()})
+    step(batch)
+    assert notices == [] and step.jit_compile
+    by_path = {weight.path: weight.numpy() for weight in model.weights}
+    for path, before in frozen:
+        np.testing.assert_array_equal(by_path[path], before, err_msg=path)

@@ -448,6 +448,22 @@ def test_validation_pictures_are_packed_at_the_image_size_and_scored_from_the_sh
     assert results["shards"][1].endswith(f"; validation reads its {count} pictures from the validation part")
 
 
+def test_evaluate_project_scores_the_validation_split_from_the_shards_without_the_originals(with_validation):
+    """With every original picture gone, evaluate-project --metrics still scores each validation post: from the
+    shard set's validation part, with nothing skipped and no notice."""
+    from deepdanbooru.inference.project_metrics import project_metrics
+    from deepdanbooru.models import build_model
+
+    project, _ = with_validation
+    plan = plan_training(project)
+    build_model("resnet_small", (32, 32, 3), len(plan.tags), seed=0).save(project / "model-resnet_small.keras")
+    shutil.rmtree(plan.train.images_dir)
+    out, err = [], []
+    summary = project_metrics(project, echo=out.append, echo_err=err.append)
+    assert summary.records == len(plan.validation) and summary.skipped == [] and err == []
+    assert any(line.startswith(f"Records: {len(plan.validation)} (validation split") for line in out)
+
+
 def test_a_shard_set_packed_without_validation_says_how_to_add_it_and_pack_adds_only_that(with_validation):
     project, _ = with_validation
     directory = project / "shards"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+import keras
 import tensorflow as tf
 
 # What TensorFlow raises when a jit_compile function does not compile.
@@ -74,3 +75,42 @@ class XlaFunction:
             result = self._function(*args)
         self._ran = True
         return result
+
+
+def _layers(model):
+    """Every layer of `model`, nested models' layers included."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _layers(layer)
+
+
+def _is_patch_embedding(layer) -> bool:
+    """A convolution that cuts its input into non-overlapping patches (kernel equal to strides): a matmul."""
+    return (tuple(layer.kernel_size) == tuple(layer.strides) and getattr(layer, "groups", 1) == 1
+            and not isinstance(layer, (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D)))
+
+
+def xla_pays(model) -> bool:
+    """Whether XLA measured faster for a network like `model`: one whose every convolution is a patch embedding.
+
+    On this project's CPU (docs/performance.md, bench/xla.py) XLA ran the ViTs' training step 1.16x faster,
+    the convolutional networks' 0.28x-0.61x as fast (its CPU convolutions, depthwise ones most of all, are
+    slower than oneDNN's) and resnet_small's 1.05x (within noise).
+    """
+    convolutions = [layer for layer in _layers(model)
+                    if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+                                          keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D,
+                                          keras.layers.Conv2DTranspose))]
+    return all(_is_patch_embedding(layer) for layer in convolutions)
+
+
+def choose_jit_compile(setting, model, echo=print) -> bool:
+    """project.json's jit_compile (True, False or "auto") for this model; "auto" says what it chose when it compiles."""
+    if not isinstance(setting, str):
+        return bool(setting)
+    chosen = xla_pays(model)
+    if chosen:
+        echo('jit_compile "auto": the training step and validation compile with XLA (every convolution of this '
+             'network is a patch embedding; "jit_compile": false turns it off)')
+    return chosen

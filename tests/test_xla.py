@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 from train_helpers import assert_same_weights, make_project, weights
 
-from deepdanbooru.compiling import XlaFunction, compile_failure_reason
+from deepdanbooru.compiling import XlaFunction, choose_jit_compile, compile_failure_reason, xla_pays
+from deepdanbooru.models import build_model
 from deepdanbooru.errors import ConfigError
 from deepdanbooru.models.pooling import strided_max_pool, use_strided_max_pooling
 from deepdanbooru.project.config import load_config
@@ -96,18 +97,60 @@ def test_other_errors_are_not_taken_for_compile_failures():
                                                                             "values")) is None
 
 
-@pytest.mark.parametrize("value", ["yes", 1, None])
-def test_jit_compile_must_be_a_bool(sample_project, value):
+@pytest.mark.parametrize("value", ["yes", 1, None, "Auto"])
+def test_jit_compile_must_be_a_bool_or_auto(sample_project, value):
     config = json.loads((sample_project / "project.json").read_text())
     (sample_project / "project.json").write_text(json.dumps({**config, "jit_compile": value}))
     with pytest.raises(ConfigError) as caught:
         load_config(sample_project)
     message = str(caught.value)
     assert "project.json" in message and "jit_compile" in message and "\n" not in message
+    assert 'true, false or "auto"' in message
 
 
-def test_default_is_off(sample_project):
-    assert load_config(sample_project).jit_compile is False
+def test_default_is_auto(sample_project):
+    assert load_config(sample_project).jit_compile == "auto"
+
+
+def _tiny_vit():
+    return build_model("vit_small_patch16", (32, 32, 3), 5, seed=0)
+
+
+def _convolutional(layer):
+    inputs = keras.Input((8, 8, 4))
+    x = keras.layers.Conv2D(4, 2, strides=2, name="patches")(inputs)
+    x = layer(x)
+    return keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+
+
+@pytest.mark.parametrize("layer, pays", [
+    (keras.layers.Dense(4), True),  # only the patch embedding convolves
+    (keras.layers.Conv2D(4, 3, padding="same"), False),
+    (keras.layers.Conv2D(4, 2, strides=2, groups=2), False),
+    (keras.layers.DepthwiseConv2D(3, padding="same"), False),
+    (keras.layers.SeparableConv2D(4, 1), False),
+])
+def test_xla_pays_only_where_every_convolution_is_a_patch_embedding(layer, pays):
+    assert xla_pays(_convolutional(layer)) is pays
+
+
+def test_xla_pays_looks_inside_nested_models():
+    inner = _convolutional(keras.layers.DepthwiseConv2D(3, padding="same"))
+    outer = keras.Model(inner.input, keras.layers.Dense(2)(inner.output))
+    wrapped_inputs = keras.Input((8, 8, 4))
+    wrapped = keras.Model(wrapped_inputs, keras.layers.Dense(2)(inner(wrapped_inputs)))
+    assert xla_pays(outer) is False and xla_pays(wrapped) is False
+
+
+def test_auto_compiles_the_vit_and_not_the_resnets():
+    notices = []
+    assert choose_jit_compile("auto", _tiny_vit(), notices.append) is True
+    assert len(notices) == 1 and notices[0].startswith('jit_compile "auto": the training step and validation compile')
+    resnet = build_model("resnet_small", (32, 32, 3), 5, seed=0)
+    assert choose_jit_compile("auto", resnet, notices.append) is False
+    assert choose_jit_compile(True, resnet, notices.append) is True
+    assert choose_jit_compile(False, _tiny_vit(), notices.append) is False
+    assert len(notices) == 1  # only "auto" choosing XLA says so
 
 
 def test_partial_training_compiles_and_leaves_its_frozen_stages_alone():

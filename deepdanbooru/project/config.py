@@ -26,6 +26,7 @@ OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop", "adamw", "lamb")
 LR_SCHEDULES = ("steps", "warmup_cosine")
 # epoch_count "fit": train-project plans the epochs that fit its --time-limit (training/fit.py).
 FIT = "fit"
+JIT_AUTO = "auto"  # jit_compile: XLA where it measured faster (compiling.xla_pays)
 HEAD_BIAS_INITS = ("zeros", "log_prior")
 TAG_LOSS_WEIGHTS = ("log_frequency",)
 # adamw and lamb decay by this much when weight_decay is null (timm's and ConvNeXt's usual AdamW value).
@@ -98,6 +99,13 @@ def _bool(value) -> bool:
     if not isinstance(value, bool):
         raise _Invalid(f"must be true or false, got {_show(value)}")
     return value
+
+
+def _jit_compile(value) -> bool | str:
+    if isinstance(value, bool) or value == JIT_AUTO:
+        return value
+    hint = _did_you_mean(value, (JIT_AUTO,)) if isinstance(value, str) else ""
+    raise _Invalid(f'must be true, false or "{JIT_AUTO}", got {_show(value)}{hint}')
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
@@ -359,11 +367,13 @@ KEYS: tuple[Key, ...] = (
         ", ".join(BEST_MODEL_METRICS), spec=False),
     Key("gradient_clip_norm", None, _optional_float(minimum=0.0, exclusive_minimum=True),
         "clip gradients to this global norm (null: off)", "float or null", "> 0", spec=False),
-    Key("jit_compile", False, _bool,
+    Key("jit_compile", JIT_AUTO, _jit_compile,
         "run the training step and validation's forward pass under XLA where they compile (one notice names "
-        "the reason where one does not, and it runs uncompiled); MaxPooling2D then trains as an equal maximum "
-        "over strided slices. Results match the uncompiled run to float rounding, not bitwise; see "
-        "docs/performance.md for where it pays", "bool", "true, false", spec=False),
+        "the reason where one does not, and it runs uncompiled); \"auto\": under XLA when every convolution of "
+        "the network is a patch embedding (the ViTs, faster under XLA on a CPU; the convolutional networks, "
+        "DeepDanbooru's ResNets included, were slower and train as before). MaxPooling2D then trains as an equal "
+        "maximum over strided slices. Results match the uncompiled run to float rounding, not bitwise; "
+        "docs/performance.md has the measurements", "bool or \"auto\"", "true, false, \"auto\"", spec=False),
     # The recipe keys. Defaults: DeepDanbooru's recipe, unchanged.
     Key("asl_gamma_neg", 4.0, _float(0.0), "loss asymmetric: focusing exponent of the negatives", "float", ">= 0",
         spec=False),
@@ -491,7 +501,7 @@ class ProjectConfig:
     validation_threshold: float
     best_model_metric: str
     gradient_clip_norm: float | None
-    jit_compile: bool
+    jit_compile: bool | str  # True, False or JIT_AUTO (compiling.xla_pays decides once the model is built)
     asl_gamma_neg: float
     asl_gamma_pos: float
     asl_clip: float

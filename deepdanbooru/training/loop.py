@@ -31,6 +31,7 @@ import time
 import keras
 import tensorflow as tf
 
+from deepdanbooru.compiling import choose_jit_compile
 from deepdanbooru.errors import Interrupted, TrainingError, file_field
 from deepdanbooru.models import make_optimizer
 from deepdanbooru.models.losses import project_loss
@@ -124,7 +125,9 @@ class SliceTrainer:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
-        if self.config.jit_compile:
+        # Decided once the model is built ("auto" looks at its layers); the same model decides the same on resume.
+        self.jit_compile = choose_jit_compile(self.config.jit_compile, self.model, echo)
+        if self.jit_compile:
             # XLA's MaxPool gradient has no deterministic kernel; the strided maximum computes the same values.
             use_strided_max_pooling(self.model)
         # What every checkpoint records and every line names: the network that trains, and its source.
@@ -145,7 +148,7 @@ class SliceTrainer:
             self.fit.resume(self.counters, restore_seconds, self.worker_sums)
         self.step = TrainStep(strategy, self.model, self.optimizer,
                               project_loss(self.config, "none", priors.loss_weights()),
-                              loss_scaled=self.policy == MIXED, ema=self.ema, jit_compile=self.config.jit_compile,
+                              loss_scaled=self.policy == MIXED, ema=self.ema, jit_compile=self.jit_compile,
                               echo=echo)
         self.step.sums.step.assign(self.counters.used_minibatch)
         self.freeze = BackboneFreeze(self.model, inner, self.config.freeze_backbone_epochs,
@@ -153,7 +156,7 @@ class SliceTrainer:
                                      trains=f"trainable_blocks' {self.partial.part()}" if self.partial else "every layer")
         self.budget = plan.time_budget
         self.report = RunReport(plan, self.schedule, self.rates, self.counters, self.step.sums, self.monitors)
-        self.outputs = Outputs(plan, self.model, self.ema, self.monitors, echo)
+        self.outputs = Outputs(plan, self.model, self.ema, self.monitors, self.jit_compile, echo)
         self.slices = SliceRunner(plan, strategy, self.worker_sums, self.step, self.optimizer, self.rates,
                                   self.counters, self.report, self.monitors, self._check_finite)
 

@@ -17,12 +17,12 @@ from deepdanbooru.training.validation import Validator, write_sidecars
 
 
 class Outputs:
-    def __init__(self, plan, model, ema, monitors, echo=print):
+    def __init__(self, plan, model, ema, monitors, jit_compile: bool, echo=print):
         self.plan, self.model, self.ema, self.monitors = plan, model, ema, monitors
         self.budget = plan.time_budget
         # Validation writes reports and exports: the chief's job in a cluster.
         self.validator = Validator(model, plan.validation, plan.tags, plan.config, plan.paths.bad_images,
-                                   echo) \
+                                   jit_compile, echo) \
             if len(plan.validation) and plan.role.is_chief else None
 
     def averaged(self):

@@ -22,7 +22,7 @@ from deepdanbooru.training.monitors import Progress, ValidationReport
 class Validator:
     """The trainer's validation split, ready to be measured with the current weights at any moment."""
 
-    def __init__(self, model, records, tags, config, bad_image_log, echo=print):
+    def __init__(self, model, records, tags, config, bad_image_log, jit_compile: bool, echo=print):
         self.config = config
         # From the shards' validation part when the project is packed (pipeline.packed.scoring_input).
         scoring = scoring_input(config.project_dir, config, records, tags)
@@ -31,7 +31,7 @@ class Validator:
         self.bad_image_log = Path(bad_image_log)
         # The project's loss without tag_loss_weights: the figure evaluate-project --metrics computes too.
         self.scorer = BatchScorer(model, project_loss(config, "none"), config.image_height, config.image_width,
-                                  jit_compile=config.jit_compile, echo=echo)
+                                  jit_compile=jit_compile, echo=echo)
         self.categories = category_indices(tag_categories(list(tags), config.project_dir))
         self.latest: ValidationReport | None = None
         self._logged_bad = False

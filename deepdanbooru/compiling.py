@@ -105,11 +105,15 @@ def xla_pays(model) -> bool:
     return all(_is_patch_embedding(layer) for layer in convolutions)
 
 
-def choose_jit_compile(setting, model, echo=print) -> bool:
-    """project.json's jit_compile (True, False or "auto") for this model; "auto" says what it chose when it compiles."""
+def choose_jit_compile(setting, model, replicas: int = 1, echo=print) -> bool:
+    """project.json's jit_compile (True, False or "auto") for this model; "auto" says what it chose when it compiles.
+
+    "auto" leaves replicated training (`replicas` > 1) uncompiled without a word: one XLA program runs on one
+    device, so the step could not compile there (an explicit true gets the step's notice saying so).
+    """
     if not isinstance(setting, str):
         return bool(setting)
-    chosen = xla_pays(model)
+    chosen = replicas == 1 and xla_pays(model)
     if chosen:
         echo('jit_compile "auto": the training step and validation compile with XLA (every convolution of this '
              'network is a patch embedding; "jit_compile": false turns it off)')

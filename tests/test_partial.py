@@ -169,12 +169,14 @@ RUN = dict(minibatch_size=8, checkpoint_frequency_mb=1, export_model_per_epoch=2
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, sample_dataset):
     """A --source-model run of the 2-block ViT fixture, its vocabulary grown onto the sample's tags, with the last
-    block trained, a head-only first epoch, layer_decay and EMA."""
+    block trained, a head-only first epoch, layer_decay, EMA and gradient clipping, compiled by XLA (jit_compile's
+    default "auto" compiles a ViT)."""
     from deepdanbooru.training.train import train_project
 
     project = make_project(tmp_path_factory.mktemp("partial") / "p", *sample_dataset, model="resnet_custom_v2",
                            image_width=32, image_height=32, trainable_blocks=1, freeze_backbone_epochs=1,
-                           layer_decay=0.7, ema_decay=0.9, optimizer="adamw", learning_rate=0.01, **RUN)
+                           layer_decay=0.7, ema_decay=0.9, optimizer="adamw", learning_rate=0.01,
+                           gradient_clip_norm=1.0, **RUN)
     lines = []
     train_project(project, source_model=TIMM / "vit_wd", echo=lines.append)
     return project, lines
@@ -186,6 +188,9 @@ def test_a_partial_fine_tune_trains_the_last_block_exports_whole_models_and_resu
     source = _imported("vit_wd")
     assert any(line.startswith("Trainable: last 1 of 2 blocks + head, ") for line in lines), lines
     assert "Backbone unfrozen from epoch 2: trainable_blocks' last 1 of 2 blocks + head trains" in lines
+    # Compiled throughout, the step compiled again after the unfreeze, with no fallback.
+    assert sum(line.startswith('jit_compile "auto": the training step and validation compile') for line in lines) == 1
+    assert not any("runs without XLA" in line for line in lines), lines
     # Named after the network that trained (project.json says resnet_custom_v2), wherever a tool looks.
     assert read_state(project)["exports"] == NETWORK and not list(project.glob("model-resnet_custom_v2*"))
     assert ProjectPaths(project).export_name("resnet_custom_v2") == NETWORK

@@ -144,13 +144,15 @@ def test_xla_pays_looks_inside_nested_models():
 
 def test_auto_compiles_the_vit_and_not_the_resnets():
     notices = []
-    assert choose_jit_compile("auto", _tiny_vit(), notices.append) is True
+    assert choose_jit_compile("auto", _tiny_vit(), echo=notices.append) is True
     assert len(notices) == 1 and notices[0].startswith('jit_compile "auto": the training step and validation compile')
     resnet = build_model("resnet_small", (32, 32, 3), 5, seed=0)
-    assert choose_jit_compile("auto", resnet, notices.append) is False
-    assert choose_jit_compile(True, resnet, notices.append) is True
-    assert choose_jit_compile(False, _tiny_vit(), notices.append) is False
+    assert choose_jit_compile("auto", resnet, echo=notices.append) is False
+    assert choose_jit_compile(True, resnet, echo=notices.append) is True
+    assert choose_jit_compile(False, _tiny_vit(), echo=notices.append) is False
     assert len(notices) == 1  # only "auto" choosing XLA says so
+    # Replicated, the step cannot compile: "auto" does not try (an explicit true gets the step's own notice).
+    assert choose_jit_compile("auto", _tiny_vit(), 2, echo=notices.append) is False and len(notices) == 1
 
 
 def test_partial_training_compiles_and_leaves_its_frozen_stages_alone():

@@ -126,7 +126,8 @@ class SliceTrainer:
             self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
         # Decided once the model is built ("auto" looks at its layers); the same model decides the same on resume.
-        self.jit_compile = choose_jit_compile(self.config.jit_compile, self.model, echo)
+        self.jit_compile = choose_jit_compile(self.config.jit_compile, self.model, strategy.num_replicas_in_sync,
+                                              echo)
         if self.jit_compile:
             # XLA's MaxPool gradient has no deterministic kernel; the strided maximum computes the same values.
             use_strided_max_pooling(self.model)

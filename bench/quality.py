@@ -128,7 +128,9 @@ def project_json(recipe: dict, size: int, database: Path | None = None, base: di
     config = {**(base or BASE), "image_width": size, "image_height": size,
               "database_path": str(database or "dataset.sqlite"),
               **{key: value for key, value in recipe.items() if key not in RUN_KEYS}}
-    config.setdefault("export_model_per_epoch", config["epoch_count"])  # exports only at the end
+    # Exports only at the end (epoch_count "fit" plans a number no recipe can know: no epoch reaches BASE's).
+    epochs = config["epoch_count"]
+    config.setdefault("export_model_per_epoch", epochs if isinstance(epochs, int) else BASE["epoch_count"])
     return config
 
 

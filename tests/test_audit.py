@@ -283,6 +283,7 @@ def test_fold_audit_trains_through_train_project_resumes_and_a_model_path_audit_
     assert sorted(p.name for p in strangers.iterdir()) == ["project.json", "tags.txt"]
 
 
+@pytest.mark.slow
 def test_audit_page_accepts_rejects_and_exports_rows_that_apply(tmp_path, own_dataset):
     project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
     with open_page(project / "audit.html", width=900, height=700, accept_downloads=True) as visit:

@@ -112,6 +112,7 @@ def test_project_export_is_converted_and_compared_on_real_images(sample_project,
     assert output.stat().st_size > 100_000
 
 
+@pytest.mark.slow
 def test_sample_images_are_what_evaluate_feeds_the_model(tmp_path, keras_model, exported_project, monkeypatch):
     """A --sample-image reaches the comparison exactly as evaluate gives it to the model: the project's
     padding (white here) and transparency on white, not the built-in border."""

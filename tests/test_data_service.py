@@ -161,6 +161,7 @@ def _port_in_use(port) -> str:
             f"listens on it); stop that one or choose another --port")
 
 
+@pytest.mark.slow
 def test_a_second_dispatcher_on_a_dispatcher_s_port_is_refused_in_one_line():
     port = _free_port()
     (dispatcher,) = _start(("dispatcher", "--port", str(port), "--host", "127.0.0.1"))
@@ -174,6 +175,7 @@ def test_a_second_dispatcher_on_a_dispatcher_s_port_is_refused_in_one_line():
         _stop(dispatcher)
 
 
+@pytest.mark.slow
 def test_a_port_another_program_listens_on_is_one_line_not_a_grpc_traceback(monkeypatch):
     from deepdanbooru.pipeline import service
 

@@ -256,6 +256,7 @@ def test_save_txt_joins_tags_with_commas(project, images):
     assert images["yellow"].with_suffix(".txt").read_text() == "red, green"
 
 
+@pytest.mark.slow
 def test_save_txt_never_replaces_a_caption_without_overwrite_or_append(project, images):
     hand_written = images["yellow"].with_suffix(".txt")
     hand_written.write_text("my cat, sunny day\n")

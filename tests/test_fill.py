@@ -144,6 +144,7 @@ def test_evaluate_composites_alpha_onto_white_unless_told_to_drop_it(tmp_path):
     assert dropped == opaque_black
 
 
+@pytest.mark.slow
 def test_evaluate_padding_defaults_to_the_project_s_and_can_be_chosen(tmp_path, exported_project):
     import keras
     from PIL import Image

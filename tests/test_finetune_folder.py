@@ -133,6 +133,7 @@ def test_resample_positions_starts_a_vit_at_another_size(folder, project):
     assert scores.shape == (1, len(plan.tags)) and np.isfinite(scores).all()
 
 
+@pytest.mark.slow
 def test_fine_tune_from_the_folder_trains_and_exports_its_tags(folder, project):
     from deepdanbooru.models.vocabulary import read_model_tags
 

@@ -124,6 +124,7 @@ def scores_of(path, images):
     return np.asarray(keras.models.load_model(path)(images))
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_beat_the_start_keeps_it_as_the_best_across_stops(tmp_path, sample_dataset, source):
     """A learning rate of 1e-30 leaves the weights as they start: no validation beats the start, the best export
     is the starting weights, and resuming after each --time-limit stop measures no second start."""

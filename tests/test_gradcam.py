@@ -175,6 +175,7 @@ def test_grad_cam_writes_pngs_per_tag_with_safe_names(gradcam_project, tmp_path,
     assert sorted(p.name for p in output.iterdir()) == ["cat", "dog"]
 
 
+@pytest.mark.slow
 def test_grad_cam_threshold_and_default_output(gradcam_project, tmp_path, monkeypatch):
     from PIL import Image
 

@@ -246,6 +246,7 @@ def test_backbone_weights_refuses_an_eva02_folder_in_one_line():
         load_backbone_weights(model, "vit_small_patch16", FIXTURES / "eva02_wd", (32, 32, 3))
 
 
+@pytest.mark.slow
 def test_trains_under_xla_with_its_last_block_only():
     """An imported EVA02 meets jit_compile and trainable_blocks: the compiled training step takes it without a
     fallback (rotary tables, einsum attention), the compiled forward pass gives the plain one's scores, and

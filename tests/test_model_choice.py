@@ -76,6 +76,7 @@ def best_line(project):
             "--time-limit stop: training is not complete; --model-path takes another)")
 
 
+@pytest.mark.slow
 def test_evaluate_and_evaluate_project_take_the_best_export_over_the_stopped_one(project, image):
     for command in (["evaluate", image, "--project-path", project], ["evaluate-project", project, image]):
         result = run_cli(*command)
@@ -91,6 +92,7 @@ def test_grad_cam_and_conv2tflite_take_the_best_export_too(project, image, tmp_p
                                              best_line(project).split(" (", 1)[1][:-1])
 
 
+@pytest.mark.slow
 def test_evaluate_project_metrics_takes_the_best_export(project):
     result = run_cli("evaluate-project", project, "--metrics")
     assert result.exit_code == 0, result.output

@@ -38,14 +38,48 @@ def _copy_dataset(sample_dataset, directory):
     return directory / database.name, tags
 
 
-@pytest.fixture
-def packed(tmp_path, sample_dataset):
-    """A tiny project over its own copy of the sample dataset, packed into 3 shards of up to 10 pictures."""
-    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
-    project = make_project(tmp_path / "project", database, tags)
+def _pack_once(directory, sample_dataset, **overrides):
+    """(directory, summary, lines) of a tiny project over its own copy of the sample dataset, packed into shards
+    of up to 10 pictures: directory/dataset, directory/project."""
+    database, tags = _copy_dataset(sample_dataset, directory / "dataset")
+    project = make_project(directory / "project", database, tags, **overrides)
     lines = []
     summary = pack_project(project, echo=lines.append, shard_records=10)
-    return project, summary, lines
+    return directory, summary, lines
+
+
+def _copy_packed(once, target):
+    """A copy at target of a _pack_once project, its dataset and its shards, as if packed there: a project
+    copied with its shards keeps them; the manifest and the lines name the copy's project and database as
+    packing them there writes them. Tests modify their copy; the original stays as packed."""
+    source, summary, lines = once
+    shutil.copytree(source / "dataset", target / "dataset")
+    shutil.copytree(source / "project", target / "project")
+    project = target / "project"
+    config = json.loads((project / "project.json").read_text())
+    config["database_path"] = config["database_path"].replace(str(source), str(target))
+    (project / "project.json").write_text(json.dumps(config, indent=2))
+    manifest = project / "shards" / "manifest.json"
+    made_from = json.loads(manifest.read_text())["made_from"]
+    text = manifest.read_text()
+    for key, value in (("project", str(project.resolve())),
+                       ("database", made_from["database"].replace(str(source), str(target)))):
+        text = text.replace(json.dumps(made_from[key]), json.dumps(value))
+    manifest.write_text(text)
+    assert json.loads(manifest.read_text())["made_from"]["project"] == str(project.resolve())
+    return project, summary, [line.replace(str(source), str(target)) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def packed_once(tmp_path_factory, sample_dataset):
+    return _pack_once(tmp_path_factory.mktemp("packed"), sample_dataset)
+
+
+@pytest.fixture
+def packed(tmp_path, packed_once):
+    """A tiny project over its own copy of the sample dataset, packed into 3 shards of up to 10 pictures
+    (packed once per module, copied for each test)."""
+    return _copy_packed(packed_once, tmp_path)
 
 
 def _datasets(project, shards: bool):
@@ -403,13 +437,16 @@ def test_training_from_shards_resumes_exactly_and_counts_bad_images(tmp_path, sa
         assert_same_weights(project / name, resumed / name)
 
 
+@pytest.fixture(scope="module")
+def with_validation_once(tmp_path_factory, sample_dataset):
+    return _pack_once(tmp_path_factory.mktemp("with_validation"), sample_dataset, validation_fraction=0.3)
+
+
 @pytest.fixture
-def with_validation(tmp_path, sample_dataset):
-    """A tiny project with a validation split, packed (training and validation parts)."""
-    database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
-    project = make_project(tmp_path / "project", database, tags, validation_fraction=0.3)
-    lines = []
-    pack_project(project, echo=lines.append, shard_records=10)
+def with_validation(tmp_path, with_validation_once):
+    """A tiny project with a validation split, packed (training and validation parts; packed once per module,
+    copied for each test)."""
+    project, _, lines = _copy_packed(with_validation_once, tmp_path)
     return project, lines
 
 

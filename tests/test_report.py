@@ -154,6 +154,7 @@ def test_history_stops_and_changed_keys(project):
 # --- the command ---
 
 
+@pytest.mark.slow
 def test_report_writes_the_page_with_the_figures_evaluate_project_measures(project, tmp_path):
     result = run_cli("report", project)
     assert result.exit_code == 0, result.output

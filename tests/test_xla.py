@@ -143,18 +143,20 @@ def test_xla_pays_looks_inside_nested_models():
 
 
 def test_auto_compiles_the_vit_and_not_the_resnets():
+    vit = _tiny_vit()  # one build: choose_jit_compile only looks at the layers
     notices = []
-    assert choose_jit_compile("auto", _tiny_vit(), echo=notices.append) is True
+    assert choose_jit_compile("auto", vit, echo=notices.append) is True
     assert len(notices) == 1 and notices[0].startswith('jit_compile "auto": the training step and validation compile')
     resnet = build_model("resnet_small", (32, 32, 3), 5, seed=0)
     assert choose_jit_compile("auto", resnet, echo=notices.append) is False
     assert choose_jit_compile(True, resnet, echo=notices.append) is True
-    assert choose_jit_compile(False, _tiny_vit(), echo=notices.append) is False
+    assert choose_jit_compile(False, vit, echo=notices.append) is False
     assert len(notices) == 1  # only "auto" choosing XLA says so
     # Replicated, the step cannot compile: "auto" does not try (an explicit true gets the step's own notice).
-    assert choose_jit_compile("auto", _tiny_vit(), 2, echo=notices.append) is False and len(notices) == 1
+    assert choose_jit_compile("auto", vit, 2, echo=notices.append) is False and len(notices) == 1
 
 
+@pytest.mark.slow
 def test_partial_training_compiles_and_leaves_its_frozen_stages_alone():
     """trainable_blocks meets jit_compile: resnet_small (its stem's MaxPooling2D computed as strided maxima)
     with only its last stage and head trainable takes compiled steps without a fallback; the frozen stages'

@@ -139,7 +139,10 @@ def pack(project_path, workers, verify):
     if verify:
         from deepdanbooru.packing.verify import verify_shards
 
-        if verify_shards(project_path, echo=click.echo, bar=True).bad:
+        def bar(keys):
+            return click.progressbar(keys, label="Verifying", file=click.get_text_stream("stderr"))
+
+        if verify_shards(project_path, echo=click.echo, progress=bar).bad:
             click.get_current_context().exit(exitcodes.FAILED)
         return
     from deepdanbooru.packing.pack import pack_project

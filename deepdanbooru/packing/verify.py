@@ -24,9 +24,9 @@ class VerifySummary:
     seconds: float = 0.0
 
 
-def verify_shards(project_dir, echo=print, bar: bool = False) -> VerifySummary:
-    """Check every record of PROJECT/shards (a progress bar on stderr when `bar`)."""
-    import click
+def verify_shards(project_dir, echo=print, progress=contextlib.nullcontext) -> VerifySummary:
+    """Check every record of PROJECT/shards; `progress(keys)`: a context giving the keys to walk (the command
+    line's progress bar)."""
     import tensorflow as tf
 
     from deepdanbooru.pipeline.packed import FEATURES, ShardReader
@@ -41,8 +41,7 @@ def verify_shards(project_dir, echo=print, bar: bool = False) -> VerifySummary:
     summary = VerifySummary()
     keys = list(index.locations)
     echo(f"Verifying {plural(len(keys), 'record')} in {plural(len(index.files), 'shard')} of {directory}")
-    with click.progressbar(keys, label="Verifying", file=click.get_text_stream("stderr")) if bar \
-            else contextlib.nullcontext(keys) as walk:
+    with progress(keys) as walk:
         for key in walk:
             _check(key, index, reader, summary, tf, FEATURES)
     summary.seconds = time.perf_counter() - began

@@ -118,3 +118,15 @@ def choose_jit_compile(setting, model, replicas: int = 1, echo=print) -> bool:
         echo('jit_compile "auto": the training step and validation compile with XLA (every convolution of this '
              'network is a patch embedding; "jit_compile": false turns it off)')
     return chosen
+
+
+def prepare_for_xla(setting, model, replicas: int = 1, echo=print) -> bool:
+    """choose_jit_compile, once the model is built ("auto" looks at its layers, so a resumed run decides as the run
+    it resumes did); where it compiles, the model's MaxPooling2D layers then compute as strided maxima
+    (XLA has no deterministic MaxPool gradient, and training keeps op determinism on; same values)."""
+    from deepdanbooru.models.pooling import use_strided_max_pooling
+
+    chosen = choose_jit_compile(setting, model, replicas, echo)
+    if chosen:
+        use_strided_max_pooling(model)
+    return chosen

@@ -31,13 +31,12 @@ import time
 import keras
 import tensorflow as tf
 
-from deepdanbooru.compiling import choose_jit_compile
+from deepdanbooru.compiling import prepare_for_xla
 from deepdanbooru.errors import Interrupted, TrainingError, file_field
 from deepdanbooru.models import make_optimizer
 from deepdanbooru.models.losses import project_loss
 from deepdanbooru.models.optimizers import decay_exempt, layer_rate_factors
 from deepdanbooru.models.partial import partial_training
-from deepdanbooru.models.pooling import use_strided_max_pooling
 from deepdanbooru.models.precision import MIXED, choose_policy
 from deepdanbooru.project.tags import tags_hash
 from deepdanbooru.runstate.state import Counters, RunIdentity
@@ -125,12 +124,7 @@ class SliceTrainer:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             self.paths.logs.mkdir(parents=True, exist_ok=True)
         synchronize_batch_norm(self.model, strategy)
-        # Decided once the model is built ("auto" looks at its layers); the same model decides the same on resume.
-        self.jit_compile = choose_jit_compile(self.config.jit_compile, self.model, strategy.num_replicas_in_sync,
-                                              echo)
-        if self.jit_compile:
-            # XLA's MaxPool gradient has no deterministic kernel; the strided maximum computes the same values.
-            use_strided_max_pooling(self.model)
+        self.jit_compile = prepare_for_xla(self.config.jit_compile, self.model, strategy.num_replicas_in_sync, echo)
         # What every checkpoint records and every line names: the network that trains, and its source.
         source = recorded.source if recorded else plan.source_model
         self.exports = export_name(self.config.model, self.model, source, self.latest)

@@ -501,6 +501,25 @@ def test_evaluate_project_scores_the_validation_split_from_the_shards_without_th
     assert any(line.startswith(f"Records: {len(plan.validation)} (validation split") for line in out)
 
 
+@pytest.mark.slow
+def test_training_validates_from_the_shards_with_every_original_picture_gone(with_validation):
+    """train-project says where validation reads its pictures, and with the originals deleted every validation
+    of the run still scores each validation post (from the validation part), nothing counted as bad."""
+    from deepdanbooru.training.history import read_history
+    from deepdanbooru.training.train import train_project
+
+    project, _ = with_validation
+    plan = plan_training(project)
+    shutil.rmtree(plan.train.images_dir)
+    lines = []
+    train_project(project, echo=lines.append)
+    assert f"Pictures: packed, from {project / 'shards'}" in lines
+    assert f"Validation pictures: packed, from {project / 'shards'}" in lines
+    validations = [row for row in read_history(project / "logs" / "history.jsonl") if row["kind"] == "validation"]
+    assert validations and all(row["samples"] == len(plan.validation) for row in validations)
+    assert not (project / "logs" / "bad_images.txt").exists()
+
+
 def test_a_shard_set_packed_without_validation_says_how_to_add_it_and_pack_adds_only_that(with_validation):
     project, _ = with_validation
     directory = project / "shards"

@@ -13,7 +13,10 @@ after 2 warm-up steps; the first step's seconds (trace and compile) too.
 
 `wd_vit` is a WD-v3-style timm ViT (no class token, average pool, 12 blocks
 of width 384, patch 8 at --size) made by timm with random weights into a
-checkpoint folder and imported as import-model does; it needs --torch. The
+checkpoint folder and imported as import-model does; `wd_eva02` (the EVA02
+layout of wd-eva02-large-tagger-v3 at that width and depth) and `wd_swinv2`
+(wd-swinv2-tagger-v3's layout at swinv2_tiny's depths and widths, patch 2,
+window 4) likewise; they need --torch. The
 timm side trains the same architecture on the same batch size and cores
 (torch.set_num_threads left at its default), AdamW, BCE with logits. Nothing
 here is a dependency of the package: torch and timm come from the Python
@@ -153,6 +156,10 @@ print(json.dumps({"ms_per_call": result}))
 """
 
 
+# Measured as import-model reads them: timm makes the checkpoint folder (random weights), Keras imports it.
+IMPORTED = ("wd_vit", "wd_eva02", "wd_swinv2")
+
+
 def _timm_twin(name: str, size: int) -> tuple[str, dict] | None:
     """The same architecture in timm, or None where timm has no twin (the DeepDanbooru ResNets)."""
     twins = {
@@ -165,6 +172,14 @@ def _timm_twin(name: str, size: int) -> tuple[str, dict] | None:
         # WD v3's ViT layout (no class token, average pool) at small-tagger width.
         "wd_vit": ("vit_small_patch16_224", {"img_size": size, "patch_size": 8, "global_pool": "avg",
                                              "class_token": False, "fc_norm": False, "act_layer": "gelu_tanh"}),
+        # wd-eva02-large-tagger-v3's architecture (rotary embedding, SwiGLU, class token) at the same width.
+        "wd_eva02": ("eva02_large_patch14_448", {"img_size": size, "patch_size": 8, "embed_dim": 384, "depth": 12,
+                                                 "num_heads": 6, "global_pool": "avg",
+                                                 "ref_feat_shape": [size // 8, size // 8]}),
+        # wd-swinv2-tagger-v3's architecture at swinv2_tiny's depths and widths, windows that tile every stage.
+        "wd_swinv2": ("swinv2_base_window8_256", {"img_size": size, "patch_size": 2, "window_size": 4, "embed_dim": 96,
+                                                  "depths": [2, 2, 6, 2], "num_heads": [3, 6, 12, 24],
+                                                  "global_pool": "avg"}),
     }
     return twins.get(name)
 
@@ -197,9 +212,9 @@ def main() -> None:
             twin = _timm_twin(name, args.size)
             folder = ""
             row: dict = {}
-            if name == "wd_vit":
+            if name in IMPORTED:
                 if not args.torch:
-                    print("wd_vit: skipped (needs --torch to make its checkpoint)")
+                    print(f"{name}: skipped (needs --torch to make its checkpoint)")
                     continue
                 folder = str(Path(scratch) / name)
                 Path(folder).mkdir()

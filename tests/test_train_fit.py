@@ -40,6 +40,28 @@ def test_an_epoch_costs_its_steps_checkpoints_validations_and_exports():
     assert costs.epoch_seconds(schedule, validation_records=0) == 10 / 5 + 4 * 1 + 0.5 * 4
 
 
+def test_the_plan_costs_each_part_as_its_last_timing_not_its_first_compiling_one():
+    from deepdanbooru.training.budget import TimeBudget
+    from deepdanbooru.training.fit_monitor import FitMonitor
+
+    budget = TimeBudget(360.0)
+    monitor = SimpleNamespace(budget=budget, clock=SimpleNamespace(samples_per_second=lambda whole_slice: 400.0),
+                              config=None, restore_seconds=0.5, validation_records=200)
+    before = FitMonitor.costs(monitor)  # nothing timed: a validation as long as training on its records
+    assert (before.checkpoint, before.validation, before.export) == (0.5, 0.5, 2 * 0.5 + 0.5)
+    for seconds in (3.9, 1.1, 1.0):  # the first validation traces and compiles
+        budget.validation_took(seconds)
+    for seconds in (0.8, 0.3):
+        budget.checkpoint_took(seconds)
+    costs = FitMonitor.costs(monitor)
+    assert (costs.samples_per_second, costs.checkpoint, costs.validation, costs.export) == (400.0, 0.3, 1.0, 1.6)
+    budget.export_took(2.5)
+    budget.export_took(0.9)
+    assert FitMonitor.costs(monitor).export == 0.9
+    # The limit itself still keeps room for the slowest of each.
+    assert (budget.longest_validation, budget.longest_checkpoint, budget.export_estimate()) == (3.9, 0.8, 2.5)
+
+
 def test_the_step_speed_leaves_out_the_first_step_unless_there_is_only_one():
     now = [0.0]
     clock = StepClock(lambda: now[0])

@@ -53,6 +53,9 @@ class TimeBudget:
         self.longest_checkpoint = 0.0
         self.longest_validation = 0.0
         self.longest_export = None
+        # The most recent of each, for planning (training/fit.py): the longest is usually the first, which
+        # carries tracing and compiling, and would plan every later one as slow as that.
+        self.recent_checkpoint = self.recent_validation = self.recent_export = None
 
     @property
     def margin(self) -> float:
@@ -71,13 +74,16 @@ class TimeBudget:
 
     def checkpoint_took(self, seconds: float) -> None:
         self.longest_checkpoint = max(seconds, self.longest_checkpoint)
+        self.recent_checkpoint = seconds
 
     def validation_took(self, seconds: float) -> None:
         self.longest_validation = max(seconds, self.longest_validation)
+        self.recent_validation = seconds
 
     def export_took(self, seconds: float) -> None:
         """An export's time, including the validation it ran for its sidecar files, if it ran one."""
         self.longest_export = max(seconds, self.longest_export or 0.0)
+        self.recent_export = seconds
 
     def export_estimate(self) -> float:
         if self.longest_export is not None:

@@ -118,9 +118,9 @@ class FitMonitor(Monitor):
         if speed is None:
             raise ConfigError(file_field(self.config.config_path, "epoch_count",
                                          '"fit" could not time a step of the first slice'))
-        checkpoint = budget.longest_checkpoint or self.restore_seconds
-        validation = budget.longest_validation or self.validation_records / speed
-        export = budget.longest_export
+        checkpoint = budget.recent_checkpoint or self.restore_seconds
+        validation = budget.recent_validation or self.validation_records / speed
+        export = budget.recent_export
         if export is None:
             export = EXPORT_PER_CHECKPOINT * checkpoint + validation
         return EpochCosts(speed, checkpoint, validation, export)

@@ -210,8 +210,12 @@ def images(tmp_path):
 
 def _start(*commands):
     """`deepdanbooru data-service ...` subprocesses, started together, once each has printed its first line."""
+    # _stop ends them with SIGINT: a child inherits an ignored SIGINT (a test run started in the background of a
+    # script ignores it), and Python then never raises KeyboardInterrupt, so the default is restored for it.
     children = [subprocess.Popen([sys.executable, "-m", "deepdanbooru", "data-service", *args], env=cli_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args in commands]
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                for args in commands]
     for child in children:
         first = child.stdout.readline()
         assert "data-service" in first, first + child.stdout.read()

@@ -32,10 +32,10 @@ RECIPES: dict[str, dict] = {
     # 3e-4 on every figure, a head-only first epoch gained nothing, and more epochs in the same time beat
     # fewer; training only the last 2 blocks and the head (trainable_blocks 2) led full fine-tuning in all
     # four pairs run (1,000 and 2,672 posts, two seeds) at cheaper steps, in runs that ended early; in runs
-    # that filled their 6 minutes (1,000 posts) 0, 1, 2, 4 and all 6 blocks tied within 0.012 mAP. Optimizer, weight decay and loss
-    # are modern's, not varied. From scratch, modern still led every fine-tune there. epoch_count is what
-    # filled those 6 minutes: set it to what fills yours, or to "fit" with train-project --time-limit, which
-    # plans it from the measured speed.
+    # that filled their 6 minutes (1,000 posts) 0, 1, 2, 4 and all 6 blocks tied within 0.012 mAP.
+    # Optimizer, weight decay and loss are modern's, not varied. From scratch, modern still led every
+    # fine-tune there. epoch_count is what filled those 6 minutes: set it to what fills yours, or to "fit"
+    # with train-project --time-limit, which plans it from the measured speed.
     "finetune": {
         "optimizer": "adamw",
         "weight_decay": 0.05,

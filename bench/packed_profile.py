@@ -9,7 +9,8 @@ whole training pipeline from the shards and from the original files; the
 checked record read through tf.data's numpy_function hop alone; decode_jpeg of
 the packed pictures as stored and re-encoded at lower JPEG qualities (with
 their size on disk and their mean absolute difference from the stored
-pixels); and the compiled warp of a batch alone. The last line printed is JSON.
+pixels); the compiled XLA warp of a batch alone (what original files take); and OpenCV's decoding
+and warp that packed pictures take, called directly and in tf.data (through its numpy_function hop). The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -109,7 +110,28 @@ def main(argv=None) -> int:
         for _ in range(args.batches):
             transform_batch(canvases, content, tf.ones([batch]), uniforms, (options.height, options.width),
                             options.augmentation, batch).numpy()
-    results["warp of a batch (per picture)"] = cpu_ms(warp, count, args.repeats)
+    results["XLA warp of a batch (per picture)"] = cpu_ms(warp, count, args.repeats)
+
+    from deepdanbooru.pipeline.picturewarp import decode_and_warp_array, packed_picture
+    from deepdanbooru.pipeline.transform import drawn_parameters
+
+    output = (options.height, options.width)
+    maps = drawn_parameters(content, tf.ones([batch]), uniforms, output, options.augmentation).numpy()
+    data = stored[0]
+
+    def opencv():
+        for _ in range(args.batches):
+            for parameters in maps:
+                decode_and_warp_array(data, parameters, output)
+    results["OpenCV decode + warp, called directly"] = cpu_ms(opencv, count, args.repeats)
+
+    def opencv_in_dataset():
+        box = (options.height * options.augmentation.box_factor, options.width * options.augmentation.box_factor)
+        dataset = tf.data.Dataset.from_tensor_slices(uniforms).repeat(args.batches).map(
+            lambda drawn: packed_picture(data, box, drawn, output, options.augmentation))
+        for _ in dataset.batch(batch).with_options(_OPTIONS):
+            pass
+    results["OpenCV decode + warp in tf.data, batched"] = cpu_ms(opencv_in_dataset, count, args.repeats)
 
     print(f"{args.project}: {len(held)} packed pictures, {config.image_height}x{config.image_width}, CPU-ms a "
           "picture on one core")

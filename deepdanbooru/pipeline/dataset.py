@@ -65,7 +65,7 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
 
     The trainer builds a dataset per slice; retracing the decoder graph each
     time cost about half a CPU-second. With `shards` (a packed.ShardReader) the picture comes from the
-    shards instead of the file at `path`.
+    shards instead of the file at `path`, and is warped here, so the "canvas" it returns is the output.
     """
     box_factor = augmentation.box_factor if augmentation else 1.0
     canvas = canvas_size(*output_size, box_factor)
@@ -75,17 +75,20 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
     @tf.function(autograph=False, input_signature=[
         tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)])
     def prepare(path, position, hashed_seed):
-        if shards is None:
-            data = tf.io.read_file(path)
-            image, source = decode_for_box(data, max_image_pixels, box, jpeg_dct_scaling, fill)
-        else:
-            image, source = shards.picture(path)
-        content, size, zoom = fit_into_box(image, source, box, canvas)
         uniforms = record_uniforms(hashed_seed, position, uniform_count)
         weight = mixup_weight(hashed_seed, position, mixup) if mixup else tf.ones([])
+        if shards is not None:
+            # Packed pictures are decoded and warped here, one at a time, by OpenCV (picturewarp.py): the
+            # batch step only scales them. Size and zoom are the batch step's placeholders.
+            from deepdanbooru.pipeline.picturewarp import packed_picture
+
+            warped = packed_picture(shards.jpeg(path), box, uniforms, output_size, augmentation, fill.white_padding)
+            return warped, tf.ones([2], tf.int32), tf.ones([]), uniforms, weight
+        image, source = decode_for_box(tf.io.read_file(path), max_image_pixels, box, jpeg_dct_scaling, fill)
+        content, size, zoom = fit_into_box(image, source, box, canvas)
         return content, size, zoom, uniforms, weight
 
-    return prepare, canvas, uniform_count
+    return prepare, (output_size if shards is not None else canvas), uniform_count
 
 
 def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
@@ -114,8 +117,11 @@ def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels,
     table = tag_table(tags) if tags is not None else None
 
     def finish(batch):
-        images = transform_batch(batch["canvas"], batch["content"], batch["zoom"], batch["uniforms"], output_size,
-                                 augmentation, batch_size, fill)
+        if shards is not None:
+            images = tf.cast(batch["canvas"], tf.float32) * (1.0 / 255.0)
+        else:
+            images = transform_batch(batch["canvas"], batch["content"], batch["zoom"], batch["uniforms"],
+                                     output_size, augmentation, batch_size, fill)
         out = {"image": tf.ensure_shape(images, [None, *output_size, 3]), "position": batch["position"]}
         if table is not None:
             out["label"] = tf.ensure_shape(multi_hot(batch["tags"], table, len(tags)), [None, len(tags)])

@@ -4,8 +4,8 @@ Training visits records in a seeded permutation, so a slice needs random
 access into the shards; TensorFlow's record datasets only read forwards (an
 offset is skipped by reading up to it: 7-10 ms a record in 150 MB files), so
 each record is read at the offset in the index by TensorFlow's random-access
-record reader, which checks the record's CRCs, then parsed in the graph. The picture then takes the same fit and warp
-ops as an original file.
+record reader, which checks the record's CRCs, then parsed in the graph. The picture is then decoded and warped
+by OpenCV (picturewarp.py), with the maps an original file's picture gets from the XLA warp.
 """
 
 from __future__ import annotations
@@ -88,17 +88,10 @@ class ShardReader:
             return f"cannot be decoded: its record in {self.index.directory} is damaged; `{self.index.rebuild}`"
         return diagnose_bytes(image, max_image_pixels) or UNEXPLAINED
 
-    def picture(self, path):
-        """In the graph: (uint8 [h, w, 3], int64 [h, w]) of the packed picture of the record at `path`.
-
-        What decode_for_box gives for the same bytes, without its format routing and size checks: the
-        shards hold baseline JPEGs that pack wrote and that fit the box, and the routing cost more than
-        the decoding (2.2 against 0.9 CPU-ms a picture at 448).
-        """
+    def jpeg(self, path):
+        """In the graph: the JPEG bytes of the packed picture of the record at `path` (picturewarp decodes them)."""
         data = tf.numpy_function(self.read, [path], tf.string, stateful=False)
-        data = tf.io.parse_single_example(tf.ensure_shape(data, []), FEATURES)["image"]
-        image = tf.io.decode_jpeg(data, channels=3)
-        return image, tf.shape(image, out_type=tf.int64)[:2]
+        return tf.io.parse_single_example(tf.ensure_shape(data, []), FEATURES)["image"]
 
 
 @dataclass

@@ -194,6 +194,18 @@ def _draw(value_range, u, disabled):
     return low + (high - low) * u
 
 
+def drawn_parameters(content_size, zoom, uniforms, output_size, augmentation: Augmentation | None):
+    """The inverse maps [..., 6] the uniforms [..., n] draw (the identity warp when augmentation is None)."""
+    if augmentation is None:
+        return warp_parameters(content_size, zoom, output_size)
+    scale, angle, shift = augmentation_values(uniforms, augmentation)
+    flip, crop = extra_values(uniforms, augmentation)
+    parameters = warp_parameters(content_size, zoom, output_size, scale, angle, shift, crop)
+    if flip is not None:
+        parameters = flip_horizontally(parameters, flip, output_size[1])
+    return parameters
+
+
 def flip_horizontally(parameters, flip, output_width: int):
     """Where `flip`, the maps mirrored so output column x shows what column width-1-x would have: an exact flip."""
     a, b, c, d, e, f = tf.unstack(parameters, axis=-1)
@@ -270,14 +282,7 @@ def _compiled_warp(output_size, white=False):
 def _compiled_transform(output_size, augmentation, white=False):
     def transform(canvas, content_size, zoom, uniforms):
         # The warp parameters are computed here, batched, rather than per record: fewer ops per record.
-        if augmentation is None:
-            parameters = warp_parameters(content_size, zoom, output_size)
-        else:
-            scale, angle, shift = augmentation_values(uniforms, augmentation)
-            flip, crop = extra_values(uniforms, augmentation)
-            parameters = warp_parameters(content_size, zoom, output_size, scale, angle, shift, crop)
-            if flip is not None:
-                parameters = flip_horizontally(parameters, flip, output_size[1])
+        parameters = drawn_parameters(content_size, zoom, uniforms, output_size, augmentation)
         return _warp(canvas, parameters, content_size, output_size, white)
 
     # No autograph: every branch here is on Python values, and converting this module's source cost

@@ -147,6 +147,8 @@ def test_shards_give_the_same_records_labels_and_order_as_the_files(packed):
     (lambda project: _retag_first_post(project), r"were made from other database records \(24 then, 24 now"),
     (lambda project: set_config(project, minimum_tag_count=6), r"were made from other database records \(24 then, 7 now"),
     (lambda project: set_config(project, alpha="white"), r"were packed with alpha drop .*project.json now says white"),
+    (lambda project: set_config(project, pack_quality=80),
+     r"were stored as jpeg quality 95 4:2:0, project.json's pack_quality now asks for jpeg quality 80 4:2:0"),
 ])
 def test_stale_shards_are_refused_by_name_with_the_command_that_rebuilds_them(packed, change, message):
     project, _, _ = packed
@@ -167,6 +169,22 @@ def test_stale_shards_are_refused_by_name_with_the_command_that_rebuilds_them(pa
     # Packing again makes them current.
     summary = pack_project(project, shard_records=10, **QUIET)
     assert summary.packed_now == summary.shards and plan_training(project).shards is not None
+
+
+def test_pack_quality_is_the_quality_the_pictures_are_stored_at(packed):
+    """A lower pack_quality stores smaller pictures that still give the records the originals give."""
+    project, summary, _ = packed
+    set_config(project, pack_quality=60)
+    again = pack_project(project, shard_records=10, **QUIET)
+    assert again.packed_now == again.shards and again.pictures == summary.pictures
+    assert again.bytes < 0.8 * summary.bytes
+    manifest = json.loads((project / "shards" / "manifest.json").read_text())
+    assert manifest["made_from"]["encoding"] == "jpeg quality 60 4:2:0"
+    _, _, files = _datasets(project, shards=False)
+    _, _, shards = _datasets(project, shards=True)
+    for a, b in zip(files, shards, strict=True):
+        np.testing.assert_array_equal(a["label"], b["label"])
+        assert np.abs(a["image"] - b["image"]).mean() < 0.03
 
 
 def _retag_first_post(project):

@@ -115,7 +115,7 @@ def pack_shard(number: int, start: int, stop: int) -> dict:
     directory, images_dir = Path(context["directory"]), context["images_dir"]
     paths = context["paths"][start:stop]
     part = context.get("part", TRAINING_PART)
-    fit = fit_function(tuple(context["box"]), context["max_image_pixels"], context["alpha"])
+    fit = fit_function(tuple(context["box"]), context["max_image_pixels"], context["alpha"], context["quality"])
     dataset = tf.data.Dataset.from_tensor_slices((tf.constant(paths, tf.string), np.arange(len(paths))))
     dataset = dataset.map(lambda path, i: (fit(path), i), num_parallel_calls=context["parallel"],
                           deterministic=True).ignore_errors()
@@ -207,6 +207,7 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
     context = {"directory": str(directory), "images_dir": str(records.images_dir), "paths": records.paths(),
                "tag_strings": records.tag_strings, "tags": tags, "box": source["box"],
                "max_image_pixels": config.max_image_pixels, "alpha": source["alpha"], "plan_digest": plan_digest,
+               "quality": config.pack_quality,
                "parallel": max(1, (os.cpu_count() or 1) // workers)}
     done_pictures = sum(stop - start for n, start, stop in [(n, n * per_shard, min(len(records), (n + 1) * per_shard))
                                                               for n in range(count) if indexes[n] is not None])
@@ -254,6 +255,7 @@ def _pack_validation(paths, directory, manifest, validation, plan, tags, config,
     context = {"directory": str(directory), "images_dir": str(validation.images_dir), "paths": validation.paths(),
                "tag_strings": validation.tag_strings, "tags": tags, "box": plan["box"],
                "max_image_pixels": config.max_image_pixels, "alpha": plan["alpha"], "plan_digest": digest,
+               "quality": config.pack_quality,
                "parallel": max(1, os.cpu_count() or 1), "part": VALIDATION_PART}
     if count:
         echo(f"Packing {plural(len(validation), 'validation picture')} at {plan['box'][0]}x{plan['box'][1]} into "

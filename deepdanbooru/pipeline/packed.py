@@ -21,7 +21,6 @@ from deepdanbooru.compat import checked_record_reader
 from deepdanbooru.pipeline.decode import decode_for_box
 from deepdanbooru.pipeline.fill import Fill
 from deepdanbooru.pipeline.transform import fit_into_box
-from deepdanbooru.project.shards import JPEG_QUALITY
 
 FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
@@ -130,8 +129,8 @@ def scoring_input(root, config, records, tags, *, height=None, width=None, batch
 
 
 @functools.lru_cache(maxsize=8)
-def fit_function(box, max_image_pixels, alpha="drop"):
-    """path -> JPEG bytes of the picture area-resized into `box` the way training fits it (never enlarged).
+def fit_function(box, max_image_pixels, alpha="drop", quality=95):
+    """path -> JPEG bytes (at `quality`) of the picture area-resized into `box` as training fits it (never enlarged).
 
     Transparency is settled here (`alpha`, as project.json says), since a JPEG keeps none; padding is not:
     the shards hold the unpadded picture, and training's warp pads it as project.json says then.
@@ -144,7 +143,7 @@ def fit_function(box, max_image_pixels, alpha="drop"):
     def fit(path):
         image, source = decode_for_box(tf.io.read_file(path), max_image_pixels, box, fill=fill)
         content, _, _ = fit_into_box(image, source, box, canvas)
-        return tf.io.encode_jpeg(content, quality=JPEG_QUALITY, chroma_downsampling=True)
+        return tf.io.encode_jpeg(content, quality=quality, chroma_downsampling=True)
 
     return fit
 

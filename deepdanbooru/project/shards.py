@@ -26,7 +26,6 @@ SHARDS_DIR = "shards"
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 FORMAT = 1
-JPEG_QUALITY = 95
 # About 150 MB per shard: 1536x2048 originals packed at 448 took 50 kB each, 0.21 byte per pixel of the
 # 492x492 box (bench/pipeline.py --packed); 0.25 leaves room for busier pictures.
 TARGET_SHARD_BYTES = 150 * 2**20
@@ -86,6 +85,11 @@ def records_digest(keys, tag_strings) -> str:
     return digest.hexdigest()
 
 
+def encoding(config) -> str:
+    """How packed pictures are stored: JPEG at project.json's pack_quality, chroma halved both ways."""
+    return f"jpeg quality {config.pack_quality} 4:2:0"
+
+
 def made_from(root, config, tags_path, records) -> dict:
     """Everything the shards' content depends on; training refuses shards whose values differ."""
     images_dir = records.images_dir
@@ -96,7 +100,7 @@ def made_from(root, config, tags_path, records) -> dict:
         "image_size": [config.image_height, config.image_width],
         "box": list(pack_box(config)),
         "alpha": config.alpha,
-        "encoding": f"jpeg quality {JPEG_QUALITY} 4:2:0",
+        "encoding": encoding(config),
         "max_image_pixels": config.max_image_pixels,
         "tags_sha256": tags_digest(tags_path),
         "database": str(records.database_path),
@@ -112,7 +116,7 @@ def validation_made_from(config, tags_path, records) -> dict:
         "format": FORMAT,
         "box": [config.image_height, config.image_width],
         "alpha": config.alpha,
-        "encoding": f"jpeg quality {JPEG_QUALITY} 4:2:0",
+        "encoding": encoding(config),
         "max_image_pixels": config.max_image_pixels,
         "tags_sha256": tags_digest(tags_path),
         "records": len(records),
@@ -130,6 +134,7 @@ _CHECKED = (
     ("image_size", "were packed for image_height x image_width {was}, project.json now says {now}"),
     ("box", "were packed into a {was} box, the augmentation's scale/crop now needs {now}"),
     ("alpha", "were packed with alpha {was} (transparency settled when packing), project.json now says {now}"),
+    ("encoding", "were stored as {was}, project.json's pack_quality now asks for {now}"),
     ("max_image_pixels", "were packed with max_image_pixels {was}, project.json now says {now}"),
     ("tags_sha256", "were labelled with another tags.txt (it changed since packing)"),
     ("records_sha256", "were made from other database records ({was_records} then, {now_records} now, "

@@ -1,7 +1,8 @@
 """The streaming input pipeline: one code path for training, validation and inference.
 
 Importing this package imports TensorFlow. Everything per image runs as
-TensorFlow ops inside tf.data (no py_function).
+TensorFlow ops inside tf.data, except for packed pictures (shards), which are
+read, decoded and warped through numpy_function hops (packed.py, picturewarp.py).
 
 Datasets
 --------

@@ -143,7 +143,11 @@ def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels,
     def batches(records):
         dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
         dataset = dataset.ignore_errors()
-        dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)
+        if shards is not None:
+            # Warped pictures all have the output's shape: nothing to pad, and plain batching copies less.
+            dataset = dataset.batch(batch_size)
+        else:
+            dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)
         return dataset.map(finish, num_parallel_calls=num_parallel_calls, deterministic=True)
 
     return batches

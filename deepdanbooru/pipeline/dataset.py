@@ -28,6 +28,7 @@ from deepdanbooru.pipeline.transform import (
     fit_into_box,
     place_on_canvas,
     record_uniforms,
+    scale_batch,
     seed_hash,
     transform_batch,
 )
@@ -118,7 +119,7 @@ def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels,
 
     def finish(batch):
         if shards is not None:
-            images = tf.cast(batch["canvas"], tf.float32) * (1.0 / 255.0)
+            images = scale_batch(batch["canvas"], batch_size)
         else:
             images = transform_batch(batch["canvas"], batch["content"], batch["zoom"], batch["uniforms"],
                                      output_size, augmentation, batch_size, fill)

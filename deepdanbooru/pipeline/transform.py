@@ -317,3 +317,19 @@ def transform_batch(canvas, content_size, zoom, uniforms, output_size, augmentat
     """
     count, padded = _pad_batch(batch_size, [canvas, content_size, zoom, uniforms], [0, 1, 1, 0])
     return _compiled_transform(tuple(output_size), augmentation, fill.white_padding)(*padded)[:count]
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_scale():
+    return tf.function(lambda images: tf.cast(images, tf.float32) * (1.0 / 255.0), jit_compile=True,
+                       reduce_retracing=True, autograph=False)
+
+
+def scale_batch(images, batch_size):
+    """uint8 [b, h, w, 3] (b <= batch_size) -> float32 in [0, 1], as the warp's last step scales.
+
+    One compiled pass: as two TensorFlow ops (cast, then multiply) it cost 0.30 against 0.18 CPU-ms a
+    448x448 picture on one core, with the same values.
+    """
+    count, (padded,) = _pad_batch(batch_size, [images], [0])
+    return _compiled_scale()(padded)[:count]

@@ -328,6 +328,45 @@ def test_a_flipped_byte_is_a_bad_image_named_by_shard_and_offset_and_pack_verify
     assert result.exit_code == 0 and result.output.endswith(": all good\n"), result.output
 
 
+def test_a_checked_record_whose_picture_cannot_be_decoded_is_a_named_bad_image_and_its_batch_is_used(packed):
+    """A record whose CRCs hold but whose JPEG the decoder refuses (its scan asks for a Huffman table it
+    does not define) drops out of its batch like any bad image; the batch's other pictures are used."""
+    import tensorflow as tf
+
+    from deepdanbooru.pipeline import BadImageTracker
+    from deepdanbooru.pipeline.packed import FEATURES, example_bytes
+
+    project, _, _ = packed
+    plan = plan_training(project)
+    victim = plan.train.paths()[5]
+    number, _, _ = plan.shards.locations[victim]
+    shard = project / "shards" / f"shard-{number:05d}.tfrecord"
+    rewritten = []
+    for record in tf.data.TFRecordDataset(str(shard)).as_numpy_iterator():
+        example = tf.io.parse_single_example(record, FEATURES)
+        key = example["key"].numpy().decode()
+        if victim.endswith(key):
+            image = example["image"].numpy()
+            at = image.index(b"\xff\xda") + 6
+            labels = tf.sparse.to_dense(example["labels"]).numpy().tolist()
+            record = example_bytes(image[:at] + b"\x33" + image[at + 1:], labels, key)  # same length
+        rewritten.append(record)
+    with tf.io.TFRecordWriter(str(shard)) as writer:  # new CRCs: the record checks out when read
+        for record in rewritten:
+            writer.write(record)
+
+    plan, reader, batches = _datasets(project, shards=True)
+    positions = np.concatenate([batch["position"] for batch in batches])
+    assert sorted(set(range(24)) - set(positions.tolist())) == [5]
+    assert sum(len(batch["image"]) for batch in batches) == sum(len(batch["label"]) for batch in batches) == 23
+    tracker = BadImageTracker(project / "logs" / "bad_images.txt", plan.train.paths(), max_image_pixels=10**8,
+                              context="epoch 1", diagnose_path=reader.diagnose)
+    tracker.observe(positions)
+    assert tracker.finish(0, 24) == 1
+    ((position, path, reason),) = tracker.last_bad
+    assert (position, path) == (5, victim) and reason.startswith("cannot be decoded"), reason
+
+
 def test_pack_verify_without_shards_is_one_line(tmp_path, sample_dataset):
     database, tags = _copy_dataset(sample_dataset, tmp_path / "dataset")
     project = make_project(tmp_path / "project", database, tags)

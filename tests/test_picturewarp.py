@@ -8,7 +8,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("cv2")
 
-from deepdanbooru.pipeline.picturewarp import decode_and_warp_array, packed_picture, warp_array  # noqa: E402
+from deepdanbooru.pipeline.picturewarp import (  # noqa: E402
+    decode_and_warp_batch, packed_size, warp_array, warp_packed_batch,
+)
 from deepdanbooru.pipeline.transform import (  # noqa: E402
     Augmentation, drawn_parameters, record_uniforms, seed_hash, warp_batch,
 )
@@ -73,17 +75,33 @@ def test_white_padding_is_white_and_border_padding_repeats_the_edge():
     np.testing.assert_array_equal(white[:, :4], 40)
 
 
-def test_packed_picture_decodes_as_accurate_decode_jpeg_and_an_identity_map_copies_it():
+def test_packed_pictures_decode_as_accurate_decode_jpeg_and_an_identity_map_copies_them():
     image = _drawing(30, 40, seed=5)
     data = tf.io.encode_jpeg(image, quality=95).numpy()
     decoded = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE").numpy()
-    identity = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
-    np.testing.assert_array_equal(decode_and_warp_array(data, identity, (30, 40)), decoded)
+    identity = np.array([[1.0, 0.0, 0.0, 1.0, 0.0, 0.0]] * 2)
+    pictures, ok = decode_and_warp_batch([data, data], identity, (30, 40))
+    np.testing.assert_array_equal(pictures, [decoded, decoded])
+    assert ok.tolist() == [True, True]
     # In the graph: a picture that fits its box exactly is zoomed by 1 and centred, so it comes out as it is.
-    unaugmented = packed_picture(tf.constant(data), (30.0, 40.0), tf.zeros([4]), (30, 40), None).numpy()
-    np.testing.assert_array_equal(unaugmented, decoded)
+    size, zoom = packed_size(tf.constant(data), (30.0, 40.0))
+    assert size.numpy().tolist() == [30, 40] and zoom.numpy() == 1.0
+    pictures, ok = warp_packed_batch(tf.constant([data]), size[None], zoom[None], tf.zeros([1, 4]), (30, 40), None)
+    np.testing.assert_array_equal(pictures.numpy()[0], decoded)
 
 
-def test_a_picture_that_cannot_be_decoded_raises():
-    with pytest.raises(ValueError, match="cannot be decoded"):
-        decode_and_warp_array(b"\xff\xd8 not a jpeg", np.array([1.0, 0, 0, 1, 0, 0]), (8, 8))
+def _undecodable_jpeg(data: bytes) -> bytes:
+    """`data` whose scan asks for Huffman tables 3, which it does not define: the header reads, decoding fails."""
+    at = data.index(b"\xff\xda") + 6  # the marker, the length, the component count, the first component's id
+    return data[:at] + b"\x33" + data[at + 1:]
+
+
+def test_a_picture_that_cannot_be_decoded_is_marked_and_the_others_warped():
+    image = _drawing(20, 20, seed=6)
+    data = tf.io.encode_jpeg(image, quality=90).numpy()
+    broken = _undecodable_jpeg(data)
+    assert tf.io.extract_jpeg_shape(broken).numpy().tolist() == [20, 20, 3]
+    identity = np.array([[1.0, 0.0, 0.0, 1.0, 0.0, 0.0]] * 3)
+    pictures, ok = decode_and_warp_batch([data, broken, data], identity, (20, 20))
+    assert ok.tolist() == [True, False, True]
+    assert pictures[1].max() == 0 and pictures[0].max() > 0

@@ -66,7 +66,7 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
 
     The trainer builds a dataset per slice; retracing the decoder graph each
     time cost about half a CPU-second. With `shards` (a packed.ShardReader) the picture comes from the
-    shards instead of the file at `path`, and is warped here, so the "canvas" it returns is the output.
+    shards instead of the file at `path`, and its "canvas" is the packed JPEG's bytes.
     """
     box_factor = augmentation.box_factor if augmentation else 1.0
     canvas = canvas_size(*output_size, box_factor)
@@ -79,17 +79,18 @@ def _record_function(output_size, augmentation, max_image_pixels, jpeg_dct_scali
         uniforms = record_uniforms(hashed_seed, position, uniform_count)
         weight = mixup_weight(hashed_seed, position, mixup) if mixup else tf.ones([])
         if shards is not None:
-            # Packed pictures are decoded and warped here, one at a time, by OpenCV (picturewarp.py): the
-            # batch step only scales them. Size and zoom are the batch step's placeholders.
-            from deepdanbooru.pipeline.picturewarp import packed_picture
+            # A packed picture stays JPEG bytes until the batch step decodes and warps the whole batch
+            # (picturewarp.py); here only its size is read from the header.
+            from deepdanbooru.pipeline.picturewarp import packed_size
 
-            warped = packed_picture(shards.jpeg(path), box, uniforms, output_size, augmentation, fill.white_padding)
-            return warped, tf.ones([2], tf.int32), tf.ones([]), uniforms, weight
+            data = shards.jpeg(path)
+            size, zoom = packed_size(data, box)
+            return data, size, zoom, uniforms, weight
         image, source = decode_for_box(tf.io.read_file(path), max_image_pixels, box, jpeg_dct_scaling, fill)
         content, size, zoom = fit_into_box(image, source, box, canvas)
         return content, size, zoom, uniforms, weight
 
-    return prepare, (output_size if shards is not None else canvas), uniform_count
+    return prepare, canvas, uniform_count
 
 
 def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels, tags, num_parallel_calls,
@@ -119,6 +120,15 @@ def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels,
 
     def finish(batch):
         if shards is not None:
+            from deepdanbooru.pipeline.picturewarp import warp_packed_batch
+
+            pictures, decoded = warp_packed_batch(batch["canvas"], batch["content"], batch["zoom"],
+                                                  batch["uniforms"], output_size, augmentation, fill.white_padding)
+            # A picture OpenCV could not decode leaves its batch like a record that failed earlier: its
+            # position never arrives, and the bad-image tracker names it.
+            batch = tf.cond(tf.reduce_all(decoded), lambda: dict(batch, canvas=pictures),
+                            lambda: {key: tf.boolean_mask(value, decoded)
+                                     for key, value in dict(batch, canvas=pictures).items()})
             images = scale_batch(batch["canvas"], batch_size)
         else:
             images = transform_batch(batch["canvas"], batch["content"], batch["zoom"], batch["uniforms"],
@@ -145,7 +155,7 @@ def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels,
         dataset = records.map(prepare, num_parallel_calls=num_parallel_calls, deterministic=True)
         dataset = dataset.ignore_errors()
         if shards is not None:
-            # Warped pictures all have the output's shape: nothing to pad, and plain batching copies less.
+            # Packed records are JPEG bytes and fixed-size numbers: nothing to pad.
             dataset = dataset.batch(batch_size)
         else:
             dataset = dataset.padded_batch(batch_size, padded_shapes=shapes)

@@ -9,8 +9,8 @@ picture differs from the XLA kernel's by a fraction of a level on average. Origi
 bit for bit.
 
 Per record the graph only reads the JPEG's size from its header; per batch the maps are computed with batched
-ops and one numpy_function decodes and warps every picture straight into the batch: per-record ops and hops
-cost about a sixth of a packed picture's CPU time (docs/performance.md).
+ops and one numpy_function decodes and warps every picture straight into the batch: computing the maps and
+warping per record cost 15-18% more CPU a packed picture in a side-by-side prototype (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -452,9 +452,9 @@ KEYS: tuple[Key, ...] = (
         ", ".join(ALPHA_MODES), spec=False),
     Key("pack_quality", 95, _int(50, 100),
         "JPEG quality of the pictures `deepdanbooru pack` stores in shards/: lower takes less disk and decodes "
-        "faster, and the pictures move further from the originals (90: a third less disk, about a fifth less "
-        "CPU a picture, 1.9 levels of 255 from quality 95's pixels on average; docs/performance.md); changing "
-        "it makes packed shards stale", "int", "50 to 100", spec=False),
+        "faster, and the pictures move further from the originals (90: a third less disk, 8-20% less CPU a "
+        "picture, 1.9 levels of 255 from quality 95's pixels on average; docs/performance.md); changing it "
+        "makes packed shards stale", "int", "50 to 100", spec=False),
     Key("data_service", None, _optional_address,
         "HOST:PORT of a tf.data service dispatcher whose workers make the training batches on other hosts "
         "(null: this host's CPUs make them); see docs/distributed.md", "str or null", "HOST:PORT", spec=False),

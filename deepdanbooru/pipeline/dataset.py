@@ -6,7 +6,8 @@ anywhere are removed by `ignore_errors()` *before* batching, and every element c
 the gaps in the positions that come out name exactly the records that were
 dropped (BadImageTracker turns them into counts and log lines). Per batch,
 after padding onto a fixed canvas: the compiled warp, the multi-hot labels and
-mixup.
+mixup. Packed pictures (shards) stay JPEG bytes until the batch step, where
+OpenCV decodes and warps them (picturewarp.py) with the same maps.
 """
 
 from __future__ import annotations

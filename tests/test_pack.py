@@ -328,6 +328,24 @@ def test_a_flipped_byte_is_a_bad_image_named_by_shard_and_offset_and_pack_verify
     assert result.exit_code == 0 and result.output.endswith(": all good\n"), result.output
 
 
+def test_shards_meet_mixup_white_padding_and_the_flip_with_the_files_records_and_mixed_labels(packed):
+    """Packed pictures take OpenCV's warp a batch at a time: with mixup, white padding and the flip on they
+    still give the records, the mixed labels and (to the JPEG re-encoding) the pictures the files give, and
+    the same batches every time."""
+    project, _, _ = packed
+    set_config(project, mixup=0.4, padding="white", horizontal_flip=True)
+    _, _, files = _datasets(project, shards=False)
+    _, _, shards = _datasets(project, shards=True)
+    _, _, again = _datasets(project, shards=True)
+    assert len(files) == len(shards) == len(again) == 6
+    for a, b, c in zip(files, shards, again, strict=True):
+        np.testing.assert_array_equal(a["position"], b["position"])
+        np.testing.assert_allclose(a["label"], b["label"], atol=1e-6)
+        assert 0 < np.abs(a["image"] - b["image"]).mean() < 0.03
+        np.testing.assert_array_equal(b["image"], c["image"])
+        np.testing.assert_array_equal(b["label"], c["label"])
+
+
 def test_a_checked_record_whose_picture_cannot_be_decoded_is_a_named_bad_image_and_its_batch_is_used(packed):
     """A record whose CRCs hold but whose JPEG the decoder refuses (its scan asks for a Huffman table it
     does not define) drops out of its batch like any bad image; the batch's other pictures are used."""

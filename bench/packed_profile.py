@@ -9,8 +9,10 @@ whole training pipeline from the shards and from the original files; the
 checked record read through tf.data's numpy_function hop alone; decode_jpeg of
 the packed pictures as stored and re-encoded at lower JPEG qualities (with
 their size on disk and their mean absolute difference from the stored
-pixels); the compiled XLA warp of a batch alone (what original files take); and OpenCV's decoding
-and warp that packed pictures take, called directly and in tf.data (through its numpy_function hop). The last line printed is JSON.
+pixels); the compiled XLA warp of a batch alone (what original files take);
+and OpenCV's decoding and warp of a batch, which packed pictures take, called
+directly and then with the maps and the [0, 1] scaling in TensorFlow. The last
+line printed is JSON.
 """
 
 from __future__ import annotations

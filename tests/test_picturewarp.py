@@ -8,6 +8,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("cv2")
 
+from deepdanbooru.pipeline.fill import Fill  # noqa: E402
 from deepdanbooru.pipeline.picturewarp import (  # noqa: E402
     decode_and_warp_batch, packed_size, warp_array, warp_packed_batch,
 )
@@ -47,7 +48,7 @@ def test_the_opencv_warp_draws_what_the_xla_warp_draws_to_a_few_levels(name, whi
     uniforms = tf.stack([record_uniforms(seed_hash(3, 4), position, 8) for position in range(count)])
     parameters = drawn_parameters(size, zoom, uniforms, output, augmentation)
     xla = warp_batch(tf.constant(np.stack([image] * count)), parameters, size, output, count,
-                     fill=_fill(white)).numpy() * 255
+                     fill=Fill(padding="white" if white else "border")).numpy() * 255
     for n in range(count):
         opencv = warp_array(image, parameters[n].numpy(), output, white).astype(np.float32)
         difference = np.abs(opencv - xla[n])
@@ -56,12 +57,6 @@ def test_the_opencv_warp_draws_what_the_xla_warp_draws_to_a_few_levels(name, whi
         # picture is a quarter lines, so its mean, 0.36-0.61 measured, is far above a drawing's.)
         assert difference.max() <= 6.0, (n, difference.max())
         assert difference.mean() <= 0.8, (n, difference.mean())
-
-
-def _fill(white):
-    from deepdanbooru.pipeline.fill import Fill
-
-    return Fill(padding="white" if white else "border")
 
 
 def test_white_padding_is_white_and_border_padding_repeats_the_edge():

@@ -127,9 +127,9 @@ def _batching(*, output_size, augmentation, seeds, batch_size, max_image_pixels,
                                                   batch["uniforms"], output_size, augmentation, fill.white_padding)
             # A picture OpenCV could not decode leaves its batch like a record that failed earlier: its
             # position never arrives, and the bad-image tracker names it.
-            batch = tf.cond(tf.reduce_all(decoded), lambda: dict(batch, canvas=pictures),
-                            lambda: {key: tf.boolean_mask(value, decoded)
-                                     for key, value in dict(batch, canvas=pictures).items()})
+            batch = dict(batch, canvas=pictures)
+            batch = tf.cond(tf.reduce_all(decoded), lambda: batch,
+                            lambda: {key: tf.boolean_mask(value, decoded) for key, value in batch.items()})
             images = scale_batch(batch["canvas"], batch_size)
         else:
             images = transform_batch(batch["canvas"], batch["content"], batch["zoom"], batch["uniforms"],

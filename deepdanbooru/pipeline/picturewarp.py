@@ -44,8 +44,6 @@ def warp_array(picture: np.ndarray, parameters, output_size, white: bool = False
 def decode_array(data: bytes) -> np.ndarray | None:
     """JPEG bytes -> uint8 [h, w, 3] as decode_jpeg(dct_method="INTEGER_ACCURATE") decodes them; None when it
     cannot."""
-    if isinstance(data, np.ndarray):  # a scalar string tensor arrives so when run eagerly
-        data = data.item()
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)
 
 

@@ -2,6 +2,7 @@
 
     # needs torch, timm and safetensors (not deepdanbooru's dependencies): a venv of its own
     python bench/transfer_pretrain.py transfer-data/pretrain vit-emoji [--minutes 20] [--seed 0]
+    python bench/transfer_pretrain.py transfer-data/pretrain convnext-emoji --architecture convnext_atto
     deepdanbooru import-model vit-emoji --save-path vit-emoji.keras
 
 The model is what SmilingWolf's WD v3 ViT taggers are, shrunk to CPU size: timm's VisionTransformer
@@ -9,6 +10,10 @@ with no class token, average pooling, no fc_norm and tanh-approximated GELU, fed
 to [-1, 1] (mean and std 0.5), one sigmoid output per tag. It trains with AdamW, BCE, a linear
 warm-up and a cosine decay laid over the time budget (not over epochs, so a loaded machine trains
 fewer steps but still ends at the low rate), on random shifts of up to 1/8 of the side.
+
+--architecture convnext_NAME trains timm's ConvNeXt of that size instead (what wd-convnext-tagger-v3 is,
+at its own widths; timm's defaults otherwise), with the same input, loss, optimizer and schedule; the
+ViT's shape options (--patch, --width, --depth, --heads) do not apply to it.
 
 Written to OUT in the Hugging Face timm layout that WD v3 taggers use: config.json (architecture,
 model_args, pretrained_cfg), model.safetensors and selected_tags.csv (tag_id, name, category, count;
@@ -92,6 +97,8 @@ def main(argv=None) -> int:
     parser.add_argument("dataset", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--minutes", type=float, default=20.0, help="wall-clock budget of the training loop")
+    parser.add_argument("--architecture", default=ARCHITECTURE,
+                        help=f"{ARCHITECTURE} (shaped by --patch/--width/--depth/--heads) or convnext_NAME")
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--patch", type=int, default=16)
     parser.add_argument("--width", type=int, default=192)
@@ -113,9 +120,14 @@ def main(argv=None) -> int:
     order = rng.permutation(len(images))
     cut = int(len(order) * args.holdout)
     held, train = order[:cut], order[cut:]
-    model_args = {"img_size": args.size, "patch_size": args.patch, "embed_dim": args.width, "depth": args.depth,
-                  "num_heads": args.heads, **WD_STYLE}
-    model = timm.create_model(ARCHITECTURE, pretrained=False, num_classes=len(tags), **model_args)
+    if args.architecture == ARCHITECTURE:
+        model_args = {"img_size": args.size, "patch_size": args.patch, "embed_dim": args.width,
+                      "depth": args.depth, "num_heads": args.heads, **WD_STYLE}
+    elif args.architecture.startswith("convnext_"):
+        model_args = {}
+    else:
+        parser.error(f"--architecture: {args.architecture!r} is neither {ARCHITECTURE} nor convnext_NAME")
+    model = timm.create_model(args.architecture, pretrained=False, num_classes=len(tags), **model_args)
     decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -155,8 +167,8 @@ def main(argv=None) -> int:
         scores = np.concatenate([torch.sigmoid(model(to_input(images[held[i:i + 256]]))).numpy()
                                  for i in range(0, len(held), 256)])
     held_map = average_precision(scores, labels[held])
-    save(args.out, model, model_args, tags, counts)
-    figures = {"steps": steps, "epochs": round(seen / len(train), 2), "seconds": round(seconds, 1),
+    save(args.out, model, args.architecture, model_args, args.size, tags, counts)
+    figures = {"architecture": args.architecture, "steps": steps, "epochs": round(seen / len(train), 2), "seconds": round(seconds, 1),
                "holdout_posts": int(len(held)), "holdout_map": round(held_map, 4), "tags": len(tags),
                "model_args": model_args, "lr": args.lr, "batch": args.batch, "seed": args.seed}
     (args.out / "pretrain.json").write_text(json.dumps(figures, indent=2) + "\n")
@@ -164,14 +176,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def save(out: Path, model, model_args: dict, tags: list[str], counts: list[int]) -> None:
+def save(out: Path, model, architecture: str, model_args: dict, size: int, tags: list[str],
+         counts: list[int]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    size = model_args["img_size"]
-    config = {"architecture": ARCHITECTURE, "num_classes": len(tags), "num_features": model_args["embed_dim"],
+    config = {"architecture": architecture, "num_classes": len(tags), "num_features": model.num_features,
               "global_pool": "avg", "model_args": model_args,
               "pretrained_cfg": {"input_size": [3, size, size], "mean": [0.5] * 3, "std": [0.5] * 3,
                                  "interpolation": "bicubic", "crop_pct": 1.0, "num_classes": len(tags),
-                                 "fixed_input_size": True}}
+                                 # timm's ViTs say so (and build for input_size); its ConvNeXts take any size.
+                                 "fixed_input_size": not architecture.startswith("convnext_")}}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file({name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()},
               str(out / "model.safetensors"))

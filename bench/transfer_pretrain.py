@@ -172,7 +172,8 @@ def main(argv=None) -> int:
                                  for i in range(0, len(held), 256)])
     held_map = average_precision(scores, labels[held])
     save(args.out, model, args.architecture, model_args, args.size, tags, counts)
-    figures = {"architecture": args.architecture, "steps": steps, "epochs": round(seen / len(train), 2), "seconds": round(seconds, 1),
+    figures = {"architecture": args.architecture, "steps": steps, "epochs": round(seen / len(train), 2),
+               "seconds": round(seconds, 1),
                "holdout_posts": int(len(held)), "holdout_map": round(held_map, 4), "tags": len(tags),
                "model_args": model_args, "lr": args.lr, "batch": args.batch, "seed": args.seed}
     (args.out / "pretrain.json").write_text(json.dumps(figures, indent=2) + "\n")

@@ -71,10 +71,10 @@ def main(ctx, debug):
                    "step schedule; at equal time on the hard sample it led resnet_small with cross-entropy on "
                    "macro-F1 at threshold 0.5, not on mAP or with per-tag thresholds (docs/quality.md). finetune: "
                    "for a --source-model start: AdamW at 1e-3, a 1-epoch warm-up, cosine decay, asymmetric loss, only "
-                   "the last 2 blocks and the head trained (trainable_blocks 2), measured fine-tuning a small "
-                   "pretrained ViT: at equal time it led full fine-tuning by 0.002-0.037 mAP in runs that ended "
-                   "early, and tied it (as did 0, 1 and 4 blocks, within 0.012 mAP) in runs that filled their time; "
-                   "modern from scratch led every fine-tune by 0.08-0.14 (docs/quality.md).")
+                   "the last 2 blocks or stages and the head trained (trainable_blocks 2). At equal time on emoji "
+                   "(docs/quality.md): from a resnet_small pretrained on other emoji it led modern from scratch "
+                   "by 0.06-0.12 mAP; from a small ViT or a ConvNeXt-atto pretrained on them, modern from scratch "
+                   "led by 0.05-0.14; 2 blocks tied or led every block.")
 @click.option("--database", "database", type=click.Path(exists=True, dir_okay=False, path_type=str),
               help="The dataset's SQLite file: sets database_path, and minimum_tag_count and image_extensions "
                    "to fit the posts it holds.")

@@ -120,7 +120,8 @@ VOCABULARY: tuple[Term, ...] = (
     Term("--size", "image side in pixels"),
     Term("--seed", "the random seed"),
     Term("--preset", "which synthetic dataset: the sample's basic tags or the hard long-tailed set"),
-    Term("--recipe", "the project.json values a new project starts from (DeepDanbooru's, or modern)"),
+    Term("--recipe", "the project.json values a new project starts from (DeepDanbooru's, modern, or finetune "
+                     "for a --source-model start)"),
     Term("--version", "print the version"),
     Term("--help", "print the command's help (also -h)"),
 )

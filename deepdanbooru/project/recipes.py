@@ -27,15 +27,15 @@ RECIPES: dict[str, dict] = {
         "epoch_count": 40,
         "loss": "asymmetric",
     },
-    # For a --source-model start (an imported tagger or a timm folder). From the fine-tuning runs of
-    # docs/quality.md (a small WD-v3-style ViT pretrained on other pictures, 6 minutes each): 1e-3 beat
-    # 3e-4 on every figure, a head-only first epoch gained nothing, and more epochs in the same time beat
-    # fewer; training only the last 2 blocks and the head (trainable_blocks 2) led full fine-tuning in all
-    # four pairs run (1,000 and 2,672 posts, two seeds) at cheaper steps, in runs that ended early; in runs
-    # that filled their 6 minutes (1,000 posts) 0, 1, 2, 4 and all 6 blocks tied within 0.012 mAP.
-    # Optimizer, weight decay and loss are modern's, not varied. From scratch, modern still led every
-    # fine-tune there. epoch_count is what filled those 6 minutes: set it to what fills yours, or to "fit"
-    # with train-project --time-limit, which plans it from the measured speed.
+    # For a --source-model start (an imported tagger, a timm folder, or a tagger of one's own). From the
+    # fine-tuning runs of docs/quality.md (emoji, starts pretrained on other emoji, 6 minutes each): from
+    # a resnet_small pretrained by train-project it led modern from scratch by 0.06-0.12 mAP; from a small
+    # WD-v3-style ViT or a ConvNeXt-atto, modern from scratch led it. 1e-3 beat 3e-4 and 1e-4, a head-only
+    # first epoch gained nothing, and more epochs in the same time beat fewer; training only the last 2
+    # blocks/stages and the head (trainable_blocks 2) tied or led training every layer, at cheaper steps.
+    # Optimizer, weight decay and loss are modern's, not varied. epoch_count is what filled those 6
+    # minutes: set it to what fills yours, or to "fit" with train-project --time-limit, which plans it
+    # from the measured speed.
     "finetune": {
         "optimizer": "adamw",
         "weight_decay": 0.05,

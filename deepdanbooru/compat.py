@@ -22,6 +22,8 @@ SAVING_LIB = "keras.src.saving.saving_lib"
 OPS_PACKAGE = "keras.src.ops"
 # TensorFlow's reader of one TFRecord record at a byte offset, which checks both of the record's CRC32Cs.
 RECORD_IO = "tensorflow.python.lib.io._pywrap_record_io"
+# TensorFlow's eager context, whose coordination service (which MultiWorkerMirroredStrategy starts) holds barriers.
+EAGER_CONTEXT = "tensorflow.python.eager.context"
 
 
 def _missing(name: str) -> DependencyError:
@@ -199,6 +201,29 @@ def checked_record_reader(path):
     return module.RandomRecordReader(str(path))
 
 
+# --- a cluster: every task waits for the others before it leaves ---
+
+def wait_for_every_task(barrier: str, timeout_seconds: float) -> None:
+    """Block until every task of the cluster has called this with the same `barrier` name.
+
+    A collective ends on one task as soon as its own part has arrived, while a peer may still be pulling
+    the last piece from it; a task that left then would close the socket under that peer. The barrier
+    is answered by the coordination service only once every task has arrived, so a task that passes it
+    knows every peer is done with all the collectives before it. A peer that died or never comes raises
+    (tf.errors.UnavailableError or DeadlineExceededError) instead of waiting for ever.
+    """
+    try:
+        module = importlib.import_module(EAGER_CONTEXT)
+    except ImportError:
+        module = None
+    context = module.context() if module is not None and hasattr(module, "context") else None
+    if context is None or not hasattr(context, "wait_at_barrier"):
+        raise DependencyError(f"tensorflow {tf.__version__}: {EAGER_CONTEXT}.Context.wait_at_barrier is gone; "
+                              "deepdanbooru needs the TensorFlow version pinned in its pyproject.toml to train "
+                              "in a cluster")
+    context.wait_at_barrier(barrier, int(timeout_seconds * 1000))
+
+
 # Checked by tests/test_compat.py against the installed Keras (and TensorFlow): (where, attribute).
 ADAM_SLOTS = ("_momentums", "_velocities")
 PRIVATE_NAMES = (
@@ -211,4 +236,5 @@ PRIVATE_NAMES = (
     ("keras.optimizers.Optimizer", "_use_weight_decay"),
     *(("keras.optimizers.Adam (built)", name) for name in ADAM_SLOTS),
     (RECORD_IO, "RandomRecordReader"),
+    (EAGER_CONTEXT + ".Context", "wait_at_barrier"),
 )

@@ -6,6 +6,7 @@ import tomllib
 from pathlib import Path
 
 import keras
+import tensorflow as tf
 import numpy as np
 import pytest
 
@@ -79,3 +80,20 @@ def test_missing_ops_package_is_refused(monkeypatch):
     monkeypatch.setattr(compat, "OPS_PACKAGE", compat.OPS_PACKAGE + "_moved")
     with pytest.raises(DependencyError, match="ops_moved is gone"):
         compat.is_op_node(entry)
+
+
+def test_missing_cluster_barrier_is_refused(monkeypatch):
+    context = importlib.import_module(compat.EAGER_CONTEXT)
+    monkeypatch.delattr(context.Context, "wait_at_barrier")
+    with pytest.raises(DependencyError) as error:
+        compat.wait_for_every_task("end", 1.0)
+    message = str(error.value)
+    assert message.startswith(f"tensorflow {tf.__version__}: tensorflow.python.eager.context.Context.wait_at_barrier "
+                              "is gone") and "\n" not in message
+
+
+def test_the_barrier_outside_a_cluster_fails_instead_of_waiting():
+    # A lone process has no coordination service: the call must raise, never block (the trainer calls it in a
+    # cluster only).
+    with pytest.raises(tf.errors.FailedPreconditionError, match="Coordination service is not enabled"):
+        compat.wait_for_every_task("alone", 1.0)

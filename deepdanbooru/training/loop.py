@@ -31,6 +31,7 @@ import time
 import keras
 import tensorflow as tf
 
+from deepdanbooru.compat import wait_for_every_task
 from deepdanbooru.compiling import prepare_for_xla
 from deepdanbooru.errors import Interrupted, TrainingError, file_field
 from deepdanbooru.models import make_optimizer
@@ -74,6 +75,10 @@ def make_training_optimizer(config, model, policy: str, rate: float):
         policy == MIXED)
     optimizer.build(model.trainable_variables)
     return optimizer, inner
+
+# The chief may still validate and checkpoint its last slice while the workers wait here; a peer that died
+# fails the wait at once through the coordination service's heartbeats, not at this limit.
+LEAVING_TIMEOUT_SECONDS = 6 * 3600.0
 
 
 class SliceTrainer:
@@ -202,6 +207,7 @@ class SliceTrainer:
                 if self.budget is not None:
                     self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
+        self._leave_the_cluster_together()
         self.outputs.export(self.paths.final_export(self.exports), "final", report.progress())
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
         # records the counters after the epoch end, for preflight to say that training is complete.
@@ -238,8 +244,15 @@ class SliceTrainer:
             fits = self.worker_sums([0.0 if fits else 1.0])[0] == 0
         return fits
 
+    def _leave_the_cluster_together(self) -> None:
+        """After the last collective: a worker that left at once could close its socket while the chief still
+        pulls its last share of that collective from it, failing the chief. Only the chief exports after this."""
+        if self.worker_sums is not None:
+            wait_for_every_task("deepdanbooru: training ended", LEAVING_TIMEOUT_SECONDS)
+
     def _stop_for_time_limit(self) -> Counters:
         """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
+        self._leave_the_cluster_together()
         export = self.paths.stopped_export(self.exports)
         self.outputs.export(export, "time limit", self.report.progress())
         for monitor in self.monitors:

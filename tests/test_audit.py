@@ -87,6 +87,23 @@ def test_ranking_puts_flipped_labels_first():
     assert len(flagged) > 0.8 * flips.sum() and flips[flagged[:, 0], flagged[:, 1]].mean() > 0.9
 
 
+def test_ranking_starts_no_worker_processes(monkeypatch):
+    # cleanlab's default forks a pool for every tag: minutes for a few thousand tags in a process holding
+    # TensorFlow. The ranking must work with process pools out of reach, and flag the flipped label.
+    import multiprocessing
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the ranking started a process pool")
+
+    monkeypatch.setattr(multiprocessing, "Pool", refuse)
+    given = np.zeros((40, 3), dtype=bool)
+    given[:20, 0] = given[10:30, 1] = given[::2, 2] = True
+    scores = np.where(given, 0.9, 0.1)
+    scores[3, 0] = 0.02  # labelled, scored as absent
+    ranking = rank_labels(given, scores)
+    assert tuple(ranking.order()[0]) == (3, 0)
+
+
 def test_audit_csv_lists_the_disagreements_with_their_record(tmp_path, own_dataset):
     project, records, suggestions, lines = audited_project(tmp_path, own_dataset)
     tags = own_dataset[1]

@@ -76,8 +76,9 @@ def make_training_optimizer(config, model, policy: str, rate: float):
     optimizer.build(model.trainable_variables)
     return optimizer, inner
 
-# The chief may still validate and checkpoint its last slice while the workers wait here; a peer that died
-# fails the wait at once through the coordination service's heartbeats, not at this limit.
+
+# The chief may still validate, checkpoint and export its last epoch while the workers wait at the end; a peer
+# that died fails the wait at once through the coordination service's heartbeats, not at this limit.
 LEAVING_TIMEOUT_SECONDS = 6 * 3600.0
 
 

@@ -225,6 +225,13 @@ def test_apply_edits_the_caption_files_of_the_imported_pictures(tmp_path, own_da
     ("(masterpiece:1.2), red", [], ["blue"], "(masterpiece:1.2), red, blue"),
     ("white background, red", ["red"], [], "white_background"),
     ("a b c", ["b"], [], "a c"),
+    # Joined as the caption joins its own entries, and its spaced entries stay spaced.
+    ("a,b,c", [], ["d"], "a,b,c,d"),
+    ("a,b,c\n", ["b"], ["d"], "a,c,d\n"),
+    ("x y z", ["y"], ["w"], "x z w"),
+    ("black background, triangle", ["triangle"], ["two_shapes"], "black background, two_shapes"),
+    ("solo", [], ["smile"], "solo, smile"),
+    ("a,  b ,c", [], ["d"], "a,  b ,c, d"),  # nothing removed: the text to the character, then the new entry
 ])
 def test_caption_edits_keep_the_other_entries_as_written(text, remove, add, expected):
     assert edit_caption(text, remove, add) == expected

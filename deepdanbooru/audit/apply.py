@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepdanbooru.audit.results import AUDIT_DIR, read_record, read_suggestions
-from deepdanbooru.captions import (DEFAULT_EXTENSION, DEFAULT_SEPARATOR, append_caption, caption_extension,
-                                   format_caption, parse_caption, read_caption, read_tag, split_caption, tag_key)
+from deepdanbooru.captions import (DEFAULT_EXTENSION, DEFAULT_SEPARATOR, caption_extension,
+                                   format_caption, parse_caption, read_caption, read_tag, split_caption, tag_key,
+                                   write_tag)
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.categories import GENERAL, RATING_PREFIX, tag_categories
@@ -145,13 +146,21 @@ def _plan(rows, record, current, database, general) -> tuple[list[Change], int]:
 
 def edit_caption(text: str, remove, add, separator: str = DEFAULT_SEPARATOR) -> str:
     """`text` without the entries of `remove` and with `add` appended, the other entries as written; read and
-    written with `separator` (import-images' --caption-separator)."""
+    written with `separator` (import-images' --caption-separator). With nothing removed the text is kept to
+    the character and the new entries follow it, joined as its own entries are."""
     entries, lines = split_caption(text, separator)
     dropped = {tag_key(tag) for tag in remove}
     kept = [entry for entry in entries if tag_key(read_tag(entry, separator)) not in dropped]
-    joiner = "\n" if lines else separator if separator != DEFAULT_SEPARATOR else ", " if "," in text else " "
-    base = text if len(kept) == len(entries) else joiner.join(kept)
-    written = append_caption(base, add, separator=separator) if kept else format_caption(add, separator=separator)
+    held = {tag_key(read_tag(entry, separator)) for entry in kept}
+    new = [write_tag(tag, separator=separator) for tag in dict.fromkeys(add) if tag_key(tag) not in held]
+    if len(kept) == len(entries) and not new:
+        return text
+    joiner = _joiner(text, entries, lines, separator)
+    if len(kept) == len(entries):
+        body = text.rstrip()
+        written = body + joiner + joiner.join(new) if body else joiner.join(new)
+    else:
+        written = joiner.join(kept + new)
     wanted = list(dict.fromkeys(tag_key(tag) for tag in [read_tag(entry, separator) for entry in kept] + list(add)))
     if [tag_key(tag) for tag in parse_caption(written, separator)] != wanted:
         # e.g. one spaced entry left of a comma list: the plain separated form reads back right whatever it held
@@ -159,6 +168,19 @@ def edit_caption(text: str, remove, add, separator: str = DEFAULT_SEPARATOR) -> 
     if text.endswith("\n") and not written.endswith("\n"):
         written += "\n"
     return written
+
+
+def _joiner(text: str, entries, lines: bool, separator: str) -> str:
+    """How the caption's own entries are joined: a line break, the folder's separator, or the default
+    comma as the text writes it (', ' or ','), or a space between space-separated tags."""
+    if lines:
+        return "\n"
+    if separator != DEFAULT_SEPARATOR or len(entries) < 2:
+        return separator
+    mark = DEFAULT_SEPARATOR.strip()
+    if mark not in text:
+        return " "
+    return DEFAULT_SEPARATOR if DEFAULT_SEPARATOR in text else mark
 
 
 def _caption_files(folder: Path, extension: str, md5s: set) -> dict:

@@ -4,6 +4,7 @@ import csv
 import json
 import shutil
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -217,6 +218,72 @@ def test_apply_edits_the_caption_files_of_the_imported_pictures(tmp_path, own_da
         assert (suggestion.tag in read) == (suggestion.kind == "missing")
         saved = summary.backup / "captions" / f"p{suggestion.post_id}.txt"
         assert (suggestion.tag in parse_caption(saved.read_text())) == (suggestion.kind == "wrong")
+
+
+def _captions_for(tmp_path, records, suggestions):
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for suggestion in suggestions:
+        index = records.ids.index(suggestion.post_id)
+        shutil.copy(records.path(index), folder / f"p{suggestion.post_id}.jpg")
+        (folder / f"p{suggestion.post_id}.txt").write_text(records.tag_strings[index].replace(" ", ", ") + "\n")
+    return folder
+
+
+def _contents(folder):
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def test_a_read_only_caption_file_stops_apply_before_anything_changes(tmp_path, own_dataset, monkeypatch):
+    import deepdanbooru.audit.apply as apply_module
+
+    database = own_dataset[0]
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    folder = _captions_for(tmp_path, records, suggestions[:2])
+    accepted = tmp_path / "accepted.csv"
+    accepted.write_text((project / "audit.csv").read_text())
+    locked = folder / f"p{suggestions[1].post_id}.txt"
+    real_access = apply_module.os.access
+    monkeypatch.setattr(apply_module.os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    before, captions = tag_strings(database), _contents(folder)
+    with pytest.raises(UserError) as raised:
+        apply_audit(project, accepted, captions=folder)
+    assert str(raised.value) == f"{locked}: cannot be written (read-only); nothing was changed"
+    assert tag_strings(database) == before and _contents(folder) == captions
+    assert not (project / "audit" / "backups").exists()
+
+
+def test_a_failed_database_write_or_backup_leaves_no_backup_behind(tmp_path, own_dataset, monkeypatch):
+    import deepdanbooru.audit.apply as apply_module
+    from deepdanbooru.errors import DatasetError
+
+    database = own_dataset[0]
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    accepted = tmp_path / "accepted.csv"
+    accepted.write_text((project / "audit.csv").read_text())
+    before = tag_strings(database)
+
+    def refuse(database, changes):
+        raise DatasetError(f"{database}: posts: cannot be written: attempt to write a readonly database")
+
+    monkeypatch.setattr(apply_module, "_write", refuse)
+    with pytest.raises(DatasetError, match="readonly database"):
+        apply_audit(project, accepted)
+    assert list((project / "audit" / "backups").iterdir()) == []
+    monkeypatch.undo()
+
+    folder = _captions_for(tmp_path, records, suggestions[:1])
+
+    def full_disk(source, target):
+        raise OSError(28, "No space left on device", str(target))
+
+    monkeypatch.setattr(apply_module.shutil, "copy2", full_disk)
+    with pytest.raises(UserError) as raised:
+        apply_audit(project, accepted, captions=folder)
+    message = str(raised.value)
+    assert "cannot write the backup (No space left on device); nothing was changed" in message
+    assert message.startswith(str(project / "audit" / "backups")) and "\n" not in message
+    assert list((project / "audit" / "backups").iterdir()) == [] and tag_strings(database) == before
 
 
 @pytest.mark.parametrize("text, remove, add, expected", [

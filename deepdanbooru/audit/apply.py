@@ -16,6 +16,7 @@ later import-images would put the caption's tags back.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sqlite3
 import time
@@ -238,12 +239,34 @@ def apply_audit(project_path, apply_file, *, dry_run: bool = False, captions=Non
                 caption_edits.append((sidecar, edited))
     summary.captions = [path for path, _ in caption_edits]
     if not dry_run and changes:
-        summary.backup = _backup(paths.root, Path(database), [path for path, _ in caption_edits], captions)
-        _write(Path(database), changes)
-        for sidecar, edited in caption_edits:
-            write_text_atomic(sidecar, edited)
+        _check_writable(Path(database), summary.captions)
+        summary.backup = _backup(paths.root, Path(database), summary.captions, captions)
+        try:
+            _write(Path(database), changes)
+        except BaseException:
+            shutil.rmtree(summary.backup, ignore_errors=True)  # the backup of a change that did not happen
+            raise
+        for done, (sidecar, edited) in enumerate(caption_edits):
+            try:
+                write_text_atomic(sidecar, edited)
+            except OSError as error:
+                raise UserError(file_field(sidecar, None, (
+                    f"cannot be written ({error.strerror or error}) after the posts were changed and "
+                    f"{done:,} of {len(caption_edits):,} caption files written; {summary.backup} holds the "
+                    "database and the caption files as they were"))) from None
     _report(summary, apply_file, database, dry_run, echo)
     return summary
+
+
+def _check_writable(database: Path, caption_files) -> None:
+    """Before the backup: everything about to change, and the folders the writes need (SQLite's journal beside
+    the database, each caption's new text beside it), can be written; otherwise nothing is changed."""
+    places = [(database, "posts"), (database.parent, None)]
+    places += [(Path(path), None) for path in caption_files]
+    places += [(folder, None) for folder in dict.fromkeys(Path(path).parent for path in caption_files)]
+    for path, field in places:
+        if not os.access(path, os.W_OK):
+            raise UserError(file_field(path, field, "cannot be written (read-only); nothing was changed"))
 
 
 def _backup(root: Path, database: Path, caption_files, captions_folder) -> Path:
@@ -254,18 +277,24 @@ def _backup(root: Path, database: Path, caption_files, captions_folder) -> Path:
     while folder.exists():
         suffix += 1
         folder = folder.with_name(f"{stamp}-{suffix}")
-    folder.mkdir(parents=True)
-    source = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
-    target = sqlite3.connect(folder / database.name)
     try:
-        source.backup(target)
-    finally:
-        target.close()
-        source.close()
-    for path in caption_files:
-        copy = folder / "captions" / Path(path).relative_to(captions_folder)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, copy)
+        folder.mkdir(parents=True)
+        source = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+        target = sqlite3.connect(folder / database.name)
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+            source.close()
+        for path in caption_files:
+            copy = folder / "captions" / Path(path).relative_to(captions_folder)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, copy)
+    except (OSError, sqlite3.Error) as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        where = Path(getattr(error, "filename", None) or folder)
+        raise UserError(file_field(where, None, (
+            f"cannot write the backup ({getattr(error, 'strerror', None) or error}); nothing was changed"))) from None
     return folder
 
 

@@ -17,7 +17,7 @@ import click
 
 from deepdanbooru import __version__, exitcodes
 from deepdanbooru.cli_vocabulary import PositionalAlias, VocabularyGroup, alias
-from deepdanbooru.errors import UserError
+from deepdanbooru.errors import UserError, out_of_memory_line, system_error_line
 from deepdanbooru.formats import IMAGE_FORMATS
 from deepdanbooru.inference.targets import DEFAULT_FOLDER_FILTERS
 from deepdanbooru.preflight.options import PREFLIGHT_OPTIONS
@@ -36,6 +36,19 @@ class _Group(VocabularyGroup):
                 raise
             click.echo(f"error: {error}", err=True)
             ctx.exit(error.exit_code)
+        except (OSError, MemoryError) as error:
+            # What the file system or the memory refused (a read-only folder, a full disk, a batch too large):
+            # one line naming the file, as for bad input.
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"error: {system_error_line(error)}", err=True)
+            ctx.exit(exitcodes.USAGE)
+        except Exception as error:
+            line = out_of_memory_line(error)
+            if line is None or (ctx.obj and ctx.obj.get("debug")):
+                raise
+            click.echo(f"error: {line}", err=True)
+            ctx.exit(exitcodes.USAGE)
         except KeyboardInterrupt as interrupt:
             # errors.Interrupted carries where the command stopped; a bare Ctrl-C has nothing to add.
             click.echo(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", err=True)
@@ -639,9 +652,9 @@ def import_model(source, save_path, channel_order, overwrite):
               help="The model to bundle [default: the project's final export, or its best one when that "
                    "validated better].")
 @_record_options("Thresholds and metrics: ")
-@click.option("--size", type=click.IntRange(min=1), default=448, show_default=True,
-              help="The ONNX input's side in pixels (kohya's tagger always feeds 448); the graph resizes to the "
-                   "model's own size.")
+@click.option("--size", type=click.IntRange(min=1, max=4096), default=448, show_default=True,
+              help="The ONNX input's side in pixels, 1 to 4096 (kohya's tagger always feeds 448); the graph "
+                   "resizes to the model's own size.")
 @click.option("--overwrite", is_flag=True, help="Replace the bundle in SAVE_PATH.")
 @_ALLOW_GPU
 @_BATCH_SIZE

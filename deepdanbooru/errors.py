@@ -5,6 +5,8 @@ file and the field or row, and is turned into a message and an exit code in
 exactly one place (cli.py).
 """
 
+import re
+
 from deepdanbooru import exitcodes
 
 
@@ -62,3 +64,26 @@ def file_field(path, field, message):
     if field:
         return f"{path}: {field}: {message}"
     return f"{path}: {message}"
+
+
+def system_error_line(error: BaseException) -> str:
+    """One line for what the operating system refused: `FILE: Permission denied`, `OLD -> NEW: ...`."""
+    if isinstance(error, MemoryError):
+        return "out of memory; use a smaller batch (--batch-size, or minibatch_size in project.json) or image size"
+    reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    first, second = getattr(error, "filename", None), getattr(error, "filename2", None)
+    where = f"{first} -> {second}: " if first and second else f"{first}: " if first else ""
+    return f"{where}{reason}"
+
+
+def out_of_memory_line(error: BaseException) -> str | None:
+    """One line for TensorFlow's out-of-memory error (a batch or picture too large), else None.
+
+    Checked by the class name of TensorFlow's error, so this module never imports TensorFlow.
+    """
+    if type(error).__name__ != "ResourceExhaustedError" or "tensorflow" not in type(error).__module__:
+        return None
+    detail = " ".join(re.sub(r"\{\{[^}]*\}\}", "", str(getattr(error, "message", error))).split())
+    shown = detail.split(" [[")[0].split(" on /job:")[0][:160]
+    return (f"out of memory ({shown}); use a smaller batch (--batch-size, or minibatch_size in "
+            "project.json) or image size")

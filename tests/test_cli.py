@@ -59,6 +59,35 @@ def test_user_error_is_one_line_without_traceback_unless_debug(tmp_path):
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
+def test_what_the_file_system_refuses_is_one_line_naming_the_path_unless_debug(tmp_path):
+    # A project folder asked for inside a file: the operating system's refusal, not a traceback.
+    (tmp_path / "afile").write_text("")
+    command = [sys.executable, "-m", "deepdanbooru", "create-project", str(tmp_path / "afile" / "p")]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'afile' / 'p'}: Not a directory"]
+    debug = subprocess.run([sys.executable, "-m", "deepdanbooru", "--debug", *command[3:]], capture_output=True, text=True)
+    assert debug.returncode == 1 and "NotADirectoryError" in debug.stderr
+
+
+def test_system_and_memory_errors_read_as_one_line():
+    from deepdanbooru.errors import out_of_memory_line, system_error_line
+
+    assert system_error_line(PermissionError(13, "Permission denied", "p/shards")) == "p/shards: Permission denied"
+    assert system_error_line(PermissionError(1, "Operation not permitted", "a", None, "b")) == \
+        "a -> b: Operation not permitted"
+    assert system_error_line(OSError("socket closed")) == "socket closed"
+    assert out_of_memory_line(ValueError("OOM")) is None
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.ResourceExhaustedError) as raised:
+        tf.zeros([100_000_000, 30_720])
+    line = out_of_memory_line(raised.value)
+    assert line.startswith("out of memory (OOM when allocating tensor with shape[100000000,30720] and type float")
+    assert line.endswith("); use a smaller batch (--batch-size, or minibatch_size in project.json) or image size")
+    assert "\n" not in line and "{{" not in line
+
+
 def test_help_and_create_project_do_not_import_tensorflow(tmp_path):
     code = (
         "import sys\n"

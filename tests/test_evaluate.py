@@ -173,6 +173,14 @@ def test_text_output_like_deepdanbooru(project, images):
                              "thresholds: 0.5 for every tag\n")
 
 
+def test_a_batch_size_beyond_the_pictures_gives_the_same_tags(project, images):
+    # Batches are padded to the batch size; no more rows than pictures are made (this one ran out of memory).
+    result = run_cli("evaluate", images["red"], images["yellow"], "--project-path", project,
+                     "--batch-size", 100_000_000)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == run_cli("evaluate", images["red"], images["yellow"], "--project-path", project).stdout
+
+
 def test_the_thresholds_csv_beside_the_model_is_used_unless_threshold_is_given(project, images):
     beside = write_thresholds(project / "model-resnet_small.thresholds.csv", [("red", 0.95), ("green", 0.5)])
     result = run_cli("evaluate", images["yellow"], "--project-path", project, "--format", "json")

@@ -220,6 +220,29 @@ def test_apply_edits_the_caption_files_of_the_imported_pictures(tmp_path, own_da
         assert (suggestion.tag in parse_caption(saved.read_text())) == (suggestion.kind == "wrong")
 
 
+@pytest.mark.parametrize("damage, field, problem", [
+    (lambda record, post: record.pop("database"), "database", "missing or not a path"),
+    (lambda record, post: post.update(tags=5), "posts.{post}", "tags: missing or not text"),
+    (lambda record, post: post.update(suggested="two_shapes"), "posts.{post}", "suggested: missing or not a list"),
+    (lambda record, post: post.pop("md5"), "posts.{post}", "md5: missing or not text"),
+])
+def test_a_damaged_audit_record_is_one_line_and_changes_nothing(tmp_path, own_dataset, damage, field, problem):
+    database = own_dataset[0]
+    project, records, suggestions, _ = audited_project(tmp_path, own_dataset)
+    path = project / "audit" / "audit.json"
+    record = json.loads(path.read_text())
+    post = str(suggestions[0].post_id)
+    damage(record, record["posts"][post])
+    path.write_text(json.dumps(record))
+    accepted = tmp_path / "accepted.csv"
+    accepted.write_text((project / "audit.csv").read_text())
+    before = tag_strings(database)
+    with pytest.raises(UserError) as raised:
+        apply_audit(project, accepted)
+    assert str(raised.value).startswith(f"{path}: {field.format(post=post)}: {problem}")
+    assert tag_strings(database) == before and not (project / "audit" / "backups").exists()
+
+
 def _captions_for(tmp_path, records, suggestions):
     folder = tmp_path / "pictures"
     folder.mkdir()

@@ -87,7 +87,29 @@ def read_record(project_root: Path) -> dict:
         raise UserError(file_field(path, None, f"cannot be read: {error}")) from None
     if not isinstance(record, dict) or record.get("version") != VERSION or not isinstance(record.get("posts"), dict):
         raise UserError(file_field(path, None, "is not an audit record of this version; run the audit again"))
+    for key in ("project", "database"):
+        if not isinstance(record.get(key), str):
+            raise UserError(file_field(path, key, "missing or not a path (a damaged record?); run the audit again"))
+    for post_id, post in record["posts"].items():
+        problem = _post_problem(post_id, post)
+        if problem:
+            raise UserError(file_field(path, f"posts.{post_id}", f"{problem} (a damaged record?); run the audit again"))
     return record
+
+
+def _post_problem(post_id: str, post) -> str | None:
+    """What is wrong with one post of a record as write_results writes it, or None."""
+    if not post_id.isdigit():
+        return "not a post id"
+    if not isinstance(post, dict):
+        return "not an object"
+    for key in ("md5", "tags"):
+        if not isinstance(post.get(key), str):
+            return f"{key}: missing or not text"
+    suggested = post.get("suggested")
+    if not isinstance(suggested, list) or not suggested or not all(isinstance(tag, str) for tag in suggested):
+        return "suggested: missing or not a list of tags"
+    return None
 
 
 def read_suggestions(path) -> list[tuple[int, Suggestion]]:

@@ -402,8 +402,12 @@ def test_missing_corrupt_or_unknown_model_files_are_model_errors(tmp_path):
     corrupt.write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(ModelError) as caught:
         load_model_file(corrupt)
-    assert str(caught.value).startswith(f"{corrupt}: cannot be opened as a Keras model")
-    assert "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"{corrupt}: cannot be opened as a Keras model: it is not a whole zip "
+                                        "archive (21 bytes: cut short, or another kind of file)")
+    assert "\n" not in str(caught.value) and "File not found" not in str(caught.value)
+    (tmp_path / "empty.keras").write_bytes(b"")
+    with pytest.raises(ModelError, match=r"empty.keras: cannot be opened as a Keras model: it is empty \(0 bytes\)"):
+        load_model_file(tmp_path / "empty.keras")
     truncated = tmp_path / "truncated.h5"
     truncated.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 40)
     with pytest.raises(ModelError, match="truncated.h5: cannot be opened as a Keras model"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 import keras
@@ -45,6 +46,13 @@ def load_model_file(path) -> keras.Model:
         raise ModelError(file_field(path, None, "model file not found"))
     if path.suffix.lower() not in MODEL_SUFFIXES:
         raise ModelError(file_field(path, None, f"expected a {' or '.join(MODEL_SUFFIXES)} model file"))
+    if path.suffix.lower() == ".keras" and not zipfile.is_zipfile(path):
+        # Keras says "File not found" for these, of a file that is there.
+        size = path.stat().st_size
+        what = "it is empty (0 bytes)" if size == 0 else \
+            f"it is not a whole zip archive ({size:,} bytes: cut short, or another kind of file)"
+        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {what}; a .keras model is a "
+                                                "zip archive as Keras saves it"))
     try:
         model = keras.models.load_model(path, compile=False, custom_objects=_LEGACY_OBJECTS)
     except Exception as error:  # Keras raises anything from OSError to TypeError here.

@@ -353,8 +353,13 @@ def invoke(*args):
     (["--folds", "99"], "--folds 99: must be at least 2 and at most the number of posts (24 eligible posts)"),
     ([], "give --folds K"),
     (["--dry-run"], "--dry-run and --captions go with --apply FILE"),
+    (["--model-path", "{folder}"], "{folder}: --model-path folder is not a timm checkpoint"),
+    (["--model-path", "{folder}/none.keras"], "Invalid value for '--model-path': Path '{folder}/none.keras' does not exist"),
 ])
-def test_bad_audit_arguments_are_one_line_and_write_nothing(sample_project, args, message):
+def test_bad_audit_arguments_are_one_line_and_write_nothing(sample_project, tmp_path, args, message):
+    folder = tmp_path / "not_a_checkpoint"
+    folder.mkdir()
+    args, message = [arg.format(folder=folder) for arg in args], message.format(folder=folder)
     result = invoke("audit", sample_project, *args)
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
     assert sorted(p.name for p in sample_project.iterdir()) == ["project.json", "tags.txt"]

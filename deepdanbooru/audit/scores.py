@@ -30,7 +30,7 @@ def match_model(path, tags) -> OutsideModel:
     """--model-path's vocabulary against tags.txt, before TensorFlow starts; one line when none is shared."""
     from deepdanbooru.training.source import read_source_model
 
-    source = read_source_model(path)
+    source = read_source_model(path, option="--model-path")
     if source.tags is None:
         raise ModelError(file_field(path, None, (
             "records no tags and has no .tags.txt or .thresholds.csv beside it; the audit matches the model's "

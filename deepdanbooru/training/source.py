@@ -58,14 +58,15 @@ def check_resumed_source(recorded: str | None, source_model, checkpoints) -> Non
         f"out (or give that one) to resume, or delete {checkpoints} to start fresh from another")))
 
 
-def read_source_model(path, source_tags=None) -> SourceModel:
-    """The source's vocabulary, categories and (for a folder) input size; one line for a bad source."""
+def read_source_model(path, source_tags=None, option: str = "--source-model") -> SourceModel:
+    """The source's vocabulary, categories and (for a folder) input size; one line for a bad source, naming
+    `option`, the command's option that gave the path."""
     from deepdanbooru.models.timm.source import class_names, is_checkpoint_folder, read_source
 
     path = Path(path)
     if path.is_dir():
         if not is_checkpoint_folder(path):
-            raise ModelError(file_field(path, None, "--source-model folder is not a timm checkpoint (it needs "
+            raise ModelError(file_field(path, None, f"{option} folder is not a timm checkpoint (it needs "
                                                     "config.json and model.safetensors)"))
         source = read_source(path)
         tags = tuple(load_tags(source_tags)) if source_tags is not None else class_names(source)
@@ -73,7 +74,7 @@ def read_source_model(path, source_tags=None) -> SourceModel:
         return SourceModel(path, _spelled(tags, categories), categories, source.input_size, folder=True,
                            architecture=source.architecture)
     if not path.is_file():
-        raise ModelError(file_field(path, None, "--source-model not found (give a .keras/.h5 file or a timm "
+        raise ModelError(file_field(path, None, f"{option} not found (give a .keras/.h5 file or a timm "
                                                 "checkpoint folder)"))
     tags = source_model_tags(path, source_tags)
     categories = _categories_beside(path, tags)

@@ -223,3 +223,24 @@ def test_output_must_be_an_html_file_in_an_existing_folder(project, tmp_path):
     assert_one_line_and_nothing_written(run_cli("report", project, "--output", tmp_path / "a.txt"), project, ".html")
     assert_one_line_and_nothing_written(run_cli("report", project, "--output", tmp_path / "no" / "a.html"), project,
                                         "not found")
+
+
+def test_the_pictures_folder_is_swapped_in_whole_over_a_folder_or_a_file(tmp_path):
+    from deepdanbooru.report.make import _swap_in
+
+    def staged(content):
+        staging = tmp_path / f".staging-{content}"
+        staging.mkdir()
+        (staging / "1.jpg").write_text(content)
+        return staging
+
+    folder = tmp_path / "report_files"
+    folder.write_text("a file where the folder goes")
+    _swap_in(staged("new"), folder)
+    assert (folder / "1.jpg").read_text() == "new"
+    _swap_in(staged("newer"), folder)
+    assert (folder / "1.jpg").read_text() == "newer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report_files"]  # no hidden leftovers
+    with pytest.raises(FileNotFoundError):
+        _swap_in(tmp_path / ".gone", folder)  # the new folder cannot take its name: the old one stays
+    assert (folder / "1.jpg").read_text() == "newer" and sorted(p.name for p in tmp_path.iterdir()) == ["report_files"]

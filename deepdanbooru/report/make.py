@@ -112,12 +112,21 @@ def _thumbnails(pictures, page: Path, echo_err) -> Path:
 def _swap_in(staging: Path, folder: Path) -> None:
     """Replaces `folder` with `staging`; the old folder goes only once the new one has its name."""
     old = None
-    if folder.exists():
+    if folder.exists() or folder.is_symlink():
         old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
         folder.rename(old)
-    staging.rename(folder)
-    if old is not None:
+    try:
+        staging.rename(folder)
+    except BaseException:
+        if old is not None:
+            old.rename(folder)  # what was there stays
+        raise
+    if old is None:
+        return
+    if old.is_dir() and not old.is_symlink():
         shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink()  # a file or link where the pictures' folder goes
 
 
 def make_report(project_path, *, model_path=None, output=None, batch_size=32, allow_gpu=False, echo=print,

@@ -194,6 +194,10 @@ def test_apply_file_needs_audit_csv_columns(tmp_path):
     path.write_text(",".join(COLUMNS) + "\n1,abc,red,1,0.2,missing,1\n")
     with pytest.raises(UserError, match="line 2: given 1 with kind 'missing'"):
         read_suggestions(path)
+    for score, rank in (("nan", "1"), ("7.5", "1"), ("0.2", "-3"), ("0.2", "0")):
+        path.write_text(",".join(COLUMNS) + f"\n1,abc,red,1,{score},wrong,{rank}\n")
+        with pytest.raises(UserError, match=rf"line 2: score {score} must be a number from 0 to 1 and rank {rank} a "):
+            read_suggestions(path)
 
 
 def test_apply_edits_the_caption_files_of_the_imported_pictures(tmp_path, own_dataset):

@@ -137,6 +137,9 @@ def read_suggestions(path) -> list[tuple[int, Suggestion]]:
         except ValueError:
             raise UserError(file_field(path, f"line {line}", "post_id, given and rank must be integers and score "
                                                              "a number")) from None
+        if not 0.0 <= suggestion.score <= 1.0 or suggestion.rank < 1:  # NaN fails the first test too
+            raise UserError(file_field(path, f"line {line}", f"score {score} must be a number from 0 to 1 and rank "
+                                                             f"{rank} a whole number from 1, as audit.csv writes them"))
         if suggestion.given not in KINDS or KINDS[suggestion.given] != kind:
             raise UserError(file_field(path, f"line {line}", f"given {given} with kind {kind!r}: a missing tag has "
                                                              "given 0, a wrong one given 1"))

@@ -36,6 +36,16 @@ class _Group(VocabularyGroup):
                 raise
             click.echo(f"error: {error}", err=True)
             ctx.exit(error.exit_code)
+        except click.UsageError as error:
+            # An unknown command, a missing argument, an option's bad value: one line, like bad input, and where
+            # the options are listed, instead of click's usage block.
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            context = error.ctx if error.ctx is not None else ctx
+            listed = "commands" if isinstance(context.command, click.Group) else "options"
+            click.echo(f"error: {error.format_message().rstrip('.')} ({context.command_path} --help lists the "
+                       f"{listed})", err=True)
+            ctx.exit(error.exit_code)
         except (OSError, MemoryError) as error:
             # What the file system or the memory refused (a read-only folder, a full disk, a batch too large):
             # one line naming the file, as for bad input.

@@ -29,6 +29,17 @@ def test_help_shows_whole_summaries_and_unknown_commands_get_a_suggestion():
     assert "Did you mean 'evaluate' or 'evaluate-project'?" in CliRunner().invoke(main, ["evalute"]).output
 
 
+def test_usage_errors_are_one_line_that_says_where_the_options_are():
+    for args, line in (
+            (["audit", "p", "--top", "0"],
+             "error: Invalid value for '--top': 0 is not in the range x>=1 (main audit --help lists the options)"),
+            (["evaluate"], "error: Missing argument 'TARGETS...' (main evaluate --help lists the options)"),
+            (["train"], "error: No such command 'train'. Did you mean 'train-project'? (main --help lists the "
+                        "commands)")):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and result.output.splitlines() == [line], result.output
+
+
 def test_create_project_writes_defaults_and_refuses_overwrite(tmp_path):
     project = tmp_path / "p"
     result = run_cli("create-project", str(project))

@@ -182,6 +182,10 @@ BAD = {
     "unknown architecture": (lambda f: _edit_config(f, lambda c: c.update(architecture="resnet50")),
                              r"config.json: architecture: 'resnet50' is not supported; "
                              r"supported: vit_\{.*convnext_\{.*swinv2_\{"),
+    "architecture not text": (lambda f: _edit_config(f, lambda c: c.update(architecture=5)),
+                              r"config.json: architecture: 5 is not text \(the timm model name"),
+    "no architecture": (lambda f: _edit_config(f, lambda c: c.pop("architecture")),
+                        r"config.json: architecture: missing \(the timm model name"),
     "no model_args": (lambda f: _edit_config(f, lambda c: c.pop("model_args")),
                       r"config.json: model_args: missing: timm builds the model from architecture and model_args"),
     "unknown model_args": (lambda f: _edit_config(f, lambda c: c["model_args"].update(qk_norm=True)),

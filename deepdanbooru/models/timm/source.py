@@ -85,7 +85,8 @@ def read_source(folder, channel_order: str | None = None, need_head: bool = True
     path = folder / CONFIG_FILE
     architecture = config.get("architecture")
     if not isinstance(architecture, str) or not architecture:
-        raise ModelError(file_field(path, "architecture", "missing (the timm model name, e.g. vit_base_patch16_224)"))
+        what = "missing" if architecture in (None, "") else f"{architecture!r} is not text"
+        raise ModelError(file_field(path, "architecture", f"{what} (the timm model name, e.g. vit_base_patch16_224)"))
     if "model_args" not in config:
         raise ModelError(file_field(path, "model_args", "missing: timm builds the model from architecture and "
                                                         "model_args, so without them the shape is unknown "

@@ -83,6 +83,17 @@ def test_each_bad_kind_is_diagnosed(records):
     assert "60000x60000" in diagnose(paths[7], LIMIT)
 
 
+def test_a_jpeg_cut_inside_its_header_is_truncated_and_reasons_carry_no_op_names(tmp_path):
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(_encoded("JPEG", seed=7)[:300])  # ends in the quantization tables, before the frame header
+    assert diagnose(str(cut), LIMIT) == "truncated: jpeg of 300 bytes ends early"
+    broken = bytearray(_encoded("JPEG", seed=8))
+    broken[2:6] = b"\xff\xc0\x00\x02"  # a frame header of no length, the end marker still there
+    (tmp_path / "broken.jpg").write_bytes(bytes(broken))
+    reason = diagnose(str(tmp_path / "broken.jpg"), LIMIT)
+    assert reason.startswith("cannot be decoded: corrupt JPEG header: ") and "[Op:" not in reason and "name:" not in reason
+
+
 def test_training_excludes_counts_and_logs_every_bad_record(records, tmp_path):
     paths, expected = records
     start = 500

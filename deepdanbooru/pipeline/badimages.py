@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from deepdanbooru.pipeline.decode import decode_image_bytes
 from deepdanbooru.pipeline.gaps import PositionGaps
-from deepdanbooru.pipeline.header import FORMAT_NAMES, UNKNOWN, declared_pixels, image_header
+from deepdanbooru.pipeline.header import FORMAT_NAMES, JPEG, UNKNOWN, declared_pixels, image_header
 
 # Reasons, as written in the third column of bad_images.txt (the details follow a colon).
 MISSING = "file not found"
@@ -36,6 +36,7 @@ UNEXPLAINED = "dropped by the pipeline but decodes when re-read (transient read 
 def _tf_message(error: Exception) -> str:
     text = getattr(error, "message", str(error))
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)  # function-node prefixes
+    text = re.sub(r"\s*\[Op:[^\]]*\]( name:\s*\S*)?\s*$", "", text)  # the eager op's name suffix
     return " ".join(text.split())[:200]
 
 
@@ -64,6 +65,8 @@ def diagnose_bytes(data: bytes, max_image_pixels: int) -> str | None:
     try:
         image_format, size = image_header(tensor)
     except tf.errors.OpError as error:
+        if _looks_truncated(JPEG, data):  # only a JPEG's header is read by an op that can fail
+            return f"{TRUNCATED}: jpeg of {len(data):,} bytes ends early"
         return f"{UNDECODABLE}: corrupt JPEG header: {_tf_message(error)}"
     image_format = int(image_format)
     if image_format == UNKNOWN:

@@ -28,6 +28,15 @@ from deepdanbooru.tfimport import install_quiet_import
 class _Group(VocabularyGroup):
     """Maps UserError to a one-line message; a traceback only with --debug."""
 
+    def parse_args(self, ctx, args):
+        # The group's own options (before any command): their errors read like a command's.
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as error:
+            _usage_error(ctx, error)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -37,15 +46,9 @@ class _Group(VocabularyGroup):
             click.echo(f"error: {error}", err=True)
             ctx.exit(error.exit_code)
         except click.UsageError as error:
-            # An unknown command, a missing argument, an option's bad value: one line, like bad input, and where
-            # the options are listed, instead of click's usage block.
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            context = error.ctx if error.ctx is not None else ctx
-            listed = "commands" if isinstance(context.command, click.Group) else "options"
-            click.echo(f"error: {error.format_message().rstrip('.')} ({context.command_path} --help lists the "
-                       f"{listed})", err=True)
-            ctx.exit(error.exit_code)
+            _usage_error(ctx, error)
         except (OSError, MemoryError) as error:
             # What the file system or the memory refused (a read-only folder, a full disk, a batch too large):
             # one line naming the file, as for bad input.
@@ -63,6 +66,16 @@ class _Group(VocabularyGroup):
             # errors.Interrupted carries where the command stopped; a bare Ctrl-C has nothing to add.
             click.echo(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", err=True)
             ctx.exit(exitcodes.INTERRUPTED)
+
+
+def _usage_error(ctx, error: click.UsageError):
+    """An unknown command, a missing argument, an option's bad value: one line, like bad input, and where the
+    options are listed, instead of click's usage block."""
+    context = error.ctx if error.ctx is not None else ctx
+    message = error.format_message().rstrip(".")
+    listed = "commands" if message.startswith("No such command") else "options"
+    click.echo(f"error: {message} ({context.command_path} --help lists the {listed})", err=True)
+    ctx.exit(error.exit_code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

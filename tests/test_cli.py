@@ -35,7 +35,8 @@ def test_usage_errors_are_one_line_that_says_where_the_options_are():
              "error: Invalid value for '--top': 0 is not in the range x>=1 (main audit --help lists the options)"),
             (["evaluate"], "error: Missing argument 'TARGETS...' (main evaluate --help lists the options)"),
             (["train"], "error: No such command 'train'. Did you mean 'train-project'? (main --help lists the "
-                        "commands)")):
+                        "commands)"),
+            (["--bogus"], "error: No such option '--bogus' (main --help lists the options)")):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and result.output.splitlines() == [line], result.output
 

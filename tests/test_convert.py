@@ -162,6 +162,29 @@ def test_bad_arguments(tmp_path, keras_model):
     assert onnx_optimized.exit_code == 2 and "apply to TFLite only" in onnx_optimized.output
 
 
+def test_save_path_never_replaces_what_is_not_an_earlier_conversion(tmp_path, keras_model):
+    from deepdanbooru.inference.convert import check_save_path
+
+    path, _ = keras_model
+    config = tmp_path / "project.json"
+    config.write_text('{"model": "resnet_small"}')
+    refused = run_cli("conv2tflite", "--model-path", path, "--save-path", config)
+    assert refused.exit_code == 2 and refused.output.splitlines() == [
+        f"error: {config}: --save-path already exists and is not a tflite model; converting would replace it, so "
+        "give another file (or delete this one)"]
+    assert config.read_text() == '{"model": "resnet_small"}'
+    before = path.read_bytes()
+    itself = run_cli("conv2tflite", "--model-path", path, "--save-path", path)
+    assert itself.exit_code == 2 and "--save-path is the model being converted" in itself.output
+    assert path.read_bytes() == before
+    earlier = tmp_path / "old.tflite"
+    earlier.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(32))
+    check_save_path(earlier, "tflite", path)  # an earlier conversion: replaced
+    check_save_path(tmp_path / "old.onnx", "onnx", path)  # nothing there yet
+    (tmp_path / "old.onnx").write_bytes(b"\x08\x07")
+    check_save_path(tmp_path / "old.onnx", "onnx", path)
+
+
 def test_format_follows_the_file_name_unless_given():
     from deepdanbooru.inference.convert import choose_format
 

@@ -284,6 +284,26 @@ def evaluate_fill(config):
     return Fill.from_config(config, TaggingOptions.alpha, TaggingOptions.padding)
 
 
+TFLITE_MAGIC = b"TFL3"  # a FlatBuffer's file identifier, at bytes 4..8 of every .tflite file
+
+
+def check_save_path(save_path, output_format: str, model_file) -> None:
+    """Converting again replaces an earlier conversion; anything else at --save-path (project.json, the model
+    being converted, another model) is refused, since the converted bytes would take its place."""
+    save_path = Path(save_path)
+    if not save_path.is_file():
+        return
+    if save_path.resolve() == Path(model_file).resolve():
+        raise ModelError(file_field(save_path, None, "--save-path is the model being converted; give another file"))
+    with open(save_path, "rb") as stream:
+        head = stream.read(8)
+    earlier = head[4:8] == TFLITE_MAGIC if output_format == "tflite" else save_path.suffix.lower() == ".onnx"
+    if not earlier:
+        raise ModelError(file_field(save_path, None, (
+            f"--save-path already exists and is not a {output_format} model; converting would replace it, so give "
+            "another file (or delete this one)")))
+
+
 def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_default=False,
                 optimize_sparsity=False, output_format=None, tolerance=None, sample_images=(),
                 echo=print) -> ConversionReport:
@@ -297,6 +317,7 @@ def conv2tflite(project_path=None, model_path=None, save_path=None, optimize_def
 
     model_file, kind = resolve_model_source(project_path, model_path)
     output_format = choose_format(save_path, output_format)
+    check_save_path(save_path, output_format, model_file)
     model = load_model_file(model_file)
     images = None
     if sample_images:

@@ -102,6 +102,18 @@ def test_dhash_sees_the_same_picture_and_tells_others_apart(tmp_path):
     assert (a ^ c).bit_count() > 16
 
 
+def test_a_picture_too_large_for_pillow_is_unreadable_not_a_crash(tmp_path, monkeypatch, planted):
+    # Pillow refuses headers declaring more than twice MAX_IMAGE_PIXELS with its own exception class, which
+    # stopped preflight --check-duplicates and make-training-database --group-duplicates with a traceback.
+    noise(0, 64).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(ValueError, match="decompression bomb"):
+        duplicates.dhash(tmp_path / "big.png")
+    project, _ = planted
+    full = preflight_line(project, "--check-duplicates")
+    assert full["status"] == "WARN" and "could not be read" in full["detail"]
+
+
 def test_near_pairs_equal_a_brute_force_search():
     rng = np.random.default_rng(3)
     hashes = {i: int(rng.integers(0, 2**63)) * 2 + int(rng.integers(0, 2)) for i in range(200)}

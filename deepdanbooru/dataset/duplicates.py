@@ -42,10 +42,13 @@ def dhash(path) -> int:
     """The 64-bit difference hash of an image file (Pillow); OSError or ValueError if it cannot be read."""
     from PIL import Image
 
-    with Image.open(path) as image:
-        image.draft("L", (64, 64))  # JPEG: decode at a reduced scale, much faster for large pictures
-        grey = image.convert("L").resize((9, 8), Image.Resampling.BOX)
-        pixels = list(grey.getdata())
+    try:
+        with Image.open(path) as image:
+            image.draft("L", (64, 64))  # JPEG: decode at a reduced scale, much faster for large pictures
+            grey = image.convert("L").resize((9, 8), Image.Resampling.BOX)
+            pixels = list(grey.getdata())
+    except Image.DecompressionBombError as error:  # a header declaring more pixels than Pillow will decode
+        raise ValueError(str(error)) from None
     value = 0
     for row in range(8):
         for column in range(8):

@@ -70,6 +70,7 @@ def test_absolute_database_path_kept(tmp_path):
         ("image_width", "299", 'image_width: must be an integer, got "299"'),
         ("image_width", 0, "image_width: must be >= 1, got 0"),
         ("image_height", -5, "image_height: must be >= 1, got -5"),
+        ("image_width", 2147483648, "image_width: must be <= 8192, got 2147483648"),
         ("minimum_tag_count", -1, "minimum_tag_count: must be >= 0, got -1"),
         ("minibatch_size", 0, "minibatch_size: must be >= 1, got 0"),
         ("epoch_count", 1.5, 'epoch_count: must be an integer >= 1 or "fit", got 1.5'),

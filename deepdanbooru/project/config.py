@@ -315,9 +315,14 @@ class Key:
     spec: bool = True  # a DeepDanbooru 1.0 key: create-project writes these first, in this order
 
 
+# Far past any tagger's input (DeepDanbooru 299-512, WD 448); larger sides overflowed the pipeline's size
+# arithmetic or crashed the process instead of being refused here.
+MAX_IMAGE_SIDE = 8192
+
 KEYS: tuple[Key, ...] = (
-    Key("image_width", 299, _int(1), "model input width", "int", "> 0"),
-    Key("image_height", 299, _int(1), "model input height; input shape is (height, width, 3)", "int", "> 0"),
+    Key("image_width", 299, _int(1, MAX_IMAGE_SIDE), "model input width", "int", f"1 to {MAX_IMAGE_SIDE}"),
+    Key("image_height", 299, _int(1, MAX_IMAGE_SIDE), "model input height; input shape is (height, width, 3)", "int",
+        f"1 to {MAX_IMAGE_SIDE}"),
     Key("database_path", None, _optional_path,
         "SQLite path; a relative path is resolved against the project directory", "str or null", "must exist to train"),
     Key("minimum_tag_count", 20, _int(0), "eligibility threshold on tag_count_general", "int", ">= 0"),

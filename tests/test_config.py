@@ -150,6 +150,9 @@ def test_bad_values_name_file_key_and_value(tmp_path, key, value, message):
         ('{"learning_rate": 1e999}', "learning_rate: must be a finite number"),
         ('{\n  "image_width": 299,\n  "model": }\n', r"project.json: invalid JSON at line 3"),
         ("[1, 2]", "must hold a JSON object, got list"),
+        ('{"image_width": 32, "image_width": 64}', r"project.json: image_width: given more than once \(JSON keeps "),
+        ('{"learning_rates": [{"used_epoch": 1, "used_epoch": 2}]}', "project.json: used_epoch: given more than once"),
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, "project.json: invalid JSON: nested too deeply to read"),
     ],
 )
 def test_unparseable_or_non_finite_text_is_refused(tmp_path, text, message):

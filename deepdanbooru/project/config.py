@@ -716,11 +716,29 @@ def load_config(project_dir, uses: tuple[str, ...] | None = None) -> ProjectConf
     try:
         # NaN and Infinity (not JSON, but Python writes them) are read as numbers, so the key's
         # check refuses them with the key named.
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
     except json.JSONDecodeError as error:
         raise ConfigError(file_field(source, None,
                                      f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}")) from None
+    except _RepeatedKey as error:
+        raise ConfigError(file_field(source, str(error), "given more than once (JSON keeps only the last; keep "
+                                                         "the one you mean)")) from None
+    except RecursionError:
+        raise ConfigError(file_field(source, None, "invalid JSON: nested too deeply to read")) from None
     return parse_config(raw, project_dir, source, uses)
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _refuse_repeated_keys(pairs) -> dict:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen[key] = value
+    return seen
 
 
 def default_project_json() -> dict[str, Any]:

@@ -716,27 +716,26 @@ def load_config(project_dir, uses: tuple[str, ...] | None = None) -> ProjectConf
     try:
         # NaN and Infinity (not JSON, but Python writes them) are read as numbers, so the key's
         # check refuses them with the key named.
-        raw = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
+        repeated = []
+        raw = json.loads(text, object_pairs_hook=lambda pairs: _noting_repeated_keys(pairs, repeated))
     except json.JSONDecodeError as error:
         raise ConfigError(file_field(source, None,
                                      f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}")) from None
-    except _RepeatedKey as error:
-        raise ConfigError(file_field(source, str(error), "given more than once (JSON keeps only the last; keep "
-                                                         "the one you mean)")) from None
     except RecursionError:
         raise ConfigError(file_field(source, None, "invalid JSON: nested too deeply to read")) from None
+    for key in dict.fromkeys(repeated):
+        # JSON readers (DeepDanbooru's too) keep the last; a project that trained so keeps training so.
+        warnings.warn(file_field(source, key, "given more than once; the last one is used: keep only the one you "
+                                              "mean"), UserWarning, stacklevel=2)
     return parse_config(raw, project_dir, source, uses)
 
 
-class _RepeatedKey(Exception):
-    pass
-
-
-def _refuse_repeated_keys(pairs) -> dict:
+def _noting_repeated_keys(pairs, repeated: list) -> dict:
+    """json's object hook: the object as json builds it (the last of a repeated key wins), noting repeats."""
     seen = {}
     for key, value in pairs:
         if key in seen:
-            raise _RepeatedKey(key)
+            repeated.append(key)
         seen[key] = value
     return seen
 

@@ -181,6 +181,18 @@ def test_duplicate_ids_in_a_source_without_primary_key(tmp_path):
     assert not (tmp_path / "o.sqlite").exists()
 
 
+@pytest.mark.parametrize("row, field", [
+    ((2, f"{2:032x}", "jpg", b"\xff\xfe\x00", 1), "tag_string is not text"),
+    ((2, f"{2:032x}", "jpg", "x", "many"), "tag_count_general 'many' is not a number"),
+])
+def test_a_row_whose_tags_or_count_are_not_what_sqlite_types_say_is_refused(tmp_path, row, field):
+    columns = "id INTEGER PRIMARY KEY, md5 TEXT, file_ext TEXT, tag_string, tag_count_general"
+    source = make_source(tmp_path / "s.sqlite", [(1, f"{1:032x}", "jpg", "x", 1), row], columns)
+    result = invoke(source, tmp_path / "o.sqlite")
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == f"error: {source}: posts row id 2: {field}"
+    assert sorted(os.listdir(tmp_path)) == ["s.sqlite"]
+
+
 def test_non_integer_ids_are_skipped_with_a_warning(tmp_path):
     columns = "id, md5 TEXT, file_ext TEXT, tag_string TEXT, tag_count_general INTEGER"
     source = make_source(tmp_path / "s.sqlite", [(1, "aa", "jpg", "x", 1), ("x7", "bb", "jpg", "x", 1),

@@ -272,6 +272,12 @@ def _convert(rows, source, use_deleted, summary: CopySummary) -> list[tuple]:
             if summary.first_bad_md5_id is None:
                 summary.first_bad_md5_id = row_id
             continue
+        if tag_string is not None and not isinstance(tag_string, str):
+            # make-tags and train-project refuse it too; str() would copy "b'...'" as the post's tags
+            raise DatasetError(file_field(source, f"posts row id {row_id}", "tag_string is not text"))
+        if isinstance(tag_count, (str, bytes)):
+            raise DatasetError(file_field(source, f"posts row id {row_id}",
+                                          f"tag_count_general {tag_count!r} is not a number"))
         tag_string, tag = with_rating_tag(tag_string, rating)
         if tag:
             summary.ratings[tag] += 1

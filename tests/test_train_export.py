@@ -10,7 +10,8 @@ import pytest
 from deepdanbooru import compat
 from deepdanbooru.models import build_model
 from deepdanbooru.models.precision import FLOAT32, MIXED, global_policy, with_policy
-from deepdanbooru.training.export import export_model, remove_partial_exports, save_atomic
+from deepdanbooru.training.export import (export_model, remove_partial_checkpoints, remove_partial_exports,
+                                          save_atomic)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,14 @@ def test_partials_of_dead_runs_removed(tmp_path):
     removed = remove_partial_exports(tmp_path)
     assert [p.name for p in removed] == [".model-x.partial-456"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".notes.partial-1.txt", "model-x.e1.keras"]
+
+
+def test_checkpoint_folders_a_killed_save_left_are_removed(tmp_path):
+    (tmp_path / "ckpt-4_temp").mkdir()
+    (tmp_path / "ckpt-4_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate1").write_bytes(b"half")
+    (tmp_path / "ckpt-3.index").write_bytes(b"real")
+    assert [p.name for p in remove_partial_checkpoints(tmp_path)] == ["ckpt-4_temp"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-3.index"]
 
 
 def test_weights_staged_on_disk_during_the_save_only(tmp_path, small_model, monkeypatch):

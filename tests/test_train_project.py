@@ -198,6 +198,8 @@ def test_half_written_checkpoint_and_export_are_ignored(trained, tmp_path):
     (checkpoints / "ckpt-6_temp").mkdir()
     (checkpoints / "ckpt-6_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 100)
     (checkpoints / "ckpt-6.data-00000-of-00001").write_bytes(b"\1" * 10)
+    (checkpoints / "ckpt-9_temp").mkdir()  # of a number this run never saves again: only the start removes it
+    (checkpoints / "ckpt-9_temp" / "part-00000-of-00001.index.tempstate123").write_bytes(b"\0")
     (project / ".model-resnet_small.e2.partial-99999").mkdir()
     (project / ".model-resnet_small.e2.partial-99999" / "model-resnet_small.e2.keras").write_bytes(b"PK half")
     (project / ".train.lock").write_text(json.dumps({"pid": _dead_pid(), "hostname": socket.gethostname(),
@@ -206,7 +208,7 @@ def test_half_written_checkpoint_and_export_are_ignored(trained, tmp_path):
     train_project(project, echo=lines.append)
     assert any("took over the stale training lock" in line for line in lines)
     assert any("used_epoch=1 used_minibatch=10 used_sample=40 offset=16 random_seed=1" in line for line in lines)
-    assert not list(project.glob(".*partial*"))
+    assert not list(project.glob(".*partial*")) and not list(checkpoints.glob("*_temp"))
     for name in EXPORTS:
         assert_same_weights(reference / name, project / name)
     assert read_state(project)["checkpoint"] == "ckpt-6"

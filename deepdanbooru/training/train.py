@@ -153,13 +153,14 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
         # Python exceptions. TF_CPP_MIN_LOG_LEVEL=0 shows everything.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         prepare_tensorflow(plan.role)
-        from deepdanbooru.training.export import remove_partial_exports
+        from deepdanbooru.training.export import remove_partial_checkpoints, remove_partial_exports
         from deepdanbooru.training.loop import train
         from deepdanbooru.training.strategy import choose_strategy, cluster_failures
 
         if plan.role.is_chief:
-            # Holding the lock, any partial export left here belongs to a dead run.
+            # Holding the lock, any partial export or checkpoint left here belongs to a dead run.
             remove_partial_exports(plan.paths.root)
+            remove_partial_checkpoints(plan.paths.checkpoints)
         with cluster_failures(plan.role, plan.paths.checkpoints):
             if plan.role.in_cluster:
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")

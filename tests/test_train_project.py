@@ -224,6 +224,7 @@ def _dead_pid():
     ("tags", "tags.txt: content changed"),
     ("model", "model was 'resnet_small', now 'resnet_custom_v4'"),
     ("size", "was 32x32, now 64x32"),
+    ("optimizer", r"the optimizer's saved state does not fit \(.*\): .*project.json's optimizer \(or a setting"),
 ])
 def test_resume_with_changed_setup_is_refused(trained, tmp_path, change, message):
     source, _ = trained
@@ -234,6 +235,8 @@ def test_resume_with_changed_setup_is_refused(trained, tmp_path, change, message
         (project / "tags.txt").write_text("\n".join(reversed(tags)) + "\n")
     elif change == "model":
         set_config(project, model="resnet_custom_v4")
+    elif change == "optimizer":
+        set_config(project, optimizer="sgd")
     else:
         set_config(project, image_height=64)
     before = {p.name: p.stat().st_mtime_ns for p in (project / "checkpoints").iterdir()}

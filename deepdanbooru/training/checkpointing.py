@@ -61,6 +61,11 @@ def latest_checkpoint_of_setup(paths, identity, config_path) -> str | None:
     return latest
 
 
+# In the name of a variable a restore could not match: it belongs to the optimizer (fused optimizers' scopes,
+# the slots of momentum, Adam, RMSprop and LAMB).
+OPTIMIZER_STATE_WORDS = ("fused_", "_momentum", "_velocity", "optimizer/", "_average_gradient")
+
+
 class CheckpointKeeper:
     """Restores the latest checkpoint into the run's objects, saves new ones, mirrors them to state.json."""
 
@@ -105,6 +110,12 @@ class CheckpointKeeper:
                 tf.train.Checkpoint(**core).read(self.latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            if any(word in reason for word in OPTIMIZER_STATE_WORDS):
+                raise TrainingError(file_field(
+                    self.latest, None,
+                    f"the optimizer's saved state does not fit ({reason}): {self.run.config.config_path}'s "
+                    "optimizer (or a setting that shapes its state, such as momentum) is not the one it was saved "
+                    f"with; restore it to resume, or delete {self.run.paths.checkpoints} to start fresh")) from None
             raise TrainingError(file_field(
                 self.latest, None,
                 f"does not fit the model being trained ({reason}); resume with the same model "

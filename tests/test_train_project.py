@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from pathlib import Path
 
 import pytest
 from train_helpers import (
@@ -212,6 +213,24 @@ def test_half_written_checkpoint_and_export_are_ignored(trained, tmp_path):
     for name in EXPORTS:
         assert_same_weights(reference / name, project / name)
     assert read_state(project)["checkpoint"] == "ckpt-6"
+
+
+def test_records_cut_below_the_saved_offset_finish_the_epoch_and_say_so(trained, tmp_path):
+    import sqlite3
+
+    reference, _ = trained
+    project = copy_at(reference, tmp_path / "fewer", "ckpt-5")  # epoch 2, offset 16 of 24
+    database = Path(json.loads((project / "project.json").read_text())["database_path"])
+    copy = tmp_path / "data"
+    shutil.copytree(database.parent, copy)
+    with sqlite3.connect(copy / database.name) as connection:
+        connection.execute("DELETE FROM posts WHERE id > 12")  # 12 records left
+    set_config(project, database_path=str(copy / database.name))
+    lines = []
+    train_project(project, echo=lines.append)
+    notices = [line for line in lines if line.startswith("notice: the training records changed")]
+    assert len(notices) == 1 and "had reached offset 16, past the 12 records an epoch now holds, so it counts as " \
+                                  "finished and the next one starts" in notices[0]
 
 
 def _dead_pid():

@@ -129,9 +129,15 @@ class CheckpointKeeper:
         counters = self.state.counters()
         saved_records = self.state.records_hash.numpy().decode()
         if saved_records and saved_records != self.run.records_hash and counters.offset:
-            self.echo(f"notice: the training records changed since {self.latest}; the current epoch "
-                      f"continues at offset {counters.offset} of the new order, so some records of this "
-                      "epoch may be seen twice or not at all")
+            records = self.run.schedule.train_records
+            if counters.offset >= records:
+                self.echo(f"notice: the training records changed since {self.latest}; the epoch in progress "
+                          f"had reached offset {counters.offset}, past the {records:,} records an epoch now "
+                          "holds, so it counts as finished and the next one starts")
+            else:
+                self.echo(f"notice: the training records changed since {self.latest}; the current epoch "
+                          f"continues at offset {counters.offset} of the new order, so some records of this "
+                          "epoch may be seen twice or not at all")
         self.saved = (self.latest, replace(counters))
         return counters
 

@@ -268,6 +268,10 @@ def test_require_database(tmp_path):
     config = load_config(write(tmp_path, {"database_path": "missing.sqlite"}))
     with pytest.raises(ConfigError, match="database_path: file not found"):
         config.require_database()
+    (tmp_path / "data").mkdir()
+    config = load_config(write(tmp_path, {"database_path": "data"}))
+    with pytest.raises(ConfigError, match="database_path: is a folder, not the SQLite file: "):
+        config.require_database()
 
 
 def test_default_project_json_roundtrips_in_spec_order(tmp_path):

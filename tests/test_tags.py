@@ -26,6 +26,9 @@ def test_empty_is_an_error(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(TagsError, match="tags.txt: not found"):
         load_tags(tmp_path / "tags.txt")
+    (tmp_path / "tags.txt").mkdir()
+    with pytest.raises(TagsError, match="tags.txt: is a folder, not a file"):
+        load_tags(tmp_path / "tags.txt")
 
 
 def test_inner_whitespace_rejected():

@@ -588,8 +588,8 @@ class ProjectConfig:
             raise ConfigError(file_field(self.config_path, "database_path",
                                          "is null; set it to the SQLite file of your dataset"))
         if not self.database_path.is_file():
-            raise ConfigError(file_field(self.config_path, "database_path",
-                                         f"file not found: {self.database_path}"))
+            what = "is a folder, not the SQLite file" if self.database_path.is_dir() else "file not found"
+            raise ConfigError(file_field(self.config_path, "database_path", f"{what}: {self.database_path}"))
         return self.database_path
 
 

@@ -36,7 +36,7 @@ def parse_tags(text: str, source) -> list[str]:
 def load_tags(path) -> list[str]:
     path = Path(path)
     if not path.is_file():
-        raise TagsError(file_field(path, None, "not found"))
+        raise TagsError(file_field(path, None, "is a folder, not a file" if path.is_dir() else "not found"))
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:

@@ -59,6 +59,14 @@ def test_unsafe_md5_rejected_with_row_id(tmp_path, md5, reason):
     assert reason in str(caught.value)
 
 
+def test_an_md5_stored_as_a_number_is_named_as_such():
+    # A posts table without column types keeps an integer an integer.
+    from deepdanbooru.dataset.records import check_md5
+
+    with pytest.raises(DatasetError, match="db.sqlite: posts row id 7: md5 12345 is not text"):
+        check_md5(12345, 7, "db.sqlite")
+
+
 def test_missing_table(tmp_path):
     db = make_db(tmp_path / "db.sqlite", [], table="images")
     with pytest.raises(DatasetError, match=r"db.sqlite: posts: table not found"):

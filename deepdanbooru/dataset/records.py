@@ -66,7 +66,9 @@ def image_path(images_dir, md5: str, ext: str) -> str:
 
 def check_md5(md5, row_id, source) -> str:
     """md5 need not be a hash, but it becomes a file name: refuse anything that could escape images/."""
-    if not isinstance(md5, str) or not md5.strip():
+    if md5 is not None and not isinstance(md5, str):
+        raise DatasetError(file_field(source, f"posts row id {row_id}", f"md5 {md5!r} is not text"))
+    if md5 is None or not md5.strip():
         raise DatasetError(file_field(source, f"posts row id {row_id}", "md5 is empty"))
     if "/" in md5 or "\\" in md5 or ".." in md5 or "\0" in md5 or md5 != md5.strip():
         raise DatasetError(file_field(source, f"posts row id {row_id}",

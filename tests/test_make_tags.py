@@ -181,6 +181,25 @@ def test_tags_that_a_model_was_trained_with_are_only_replaced_when_allowed_and_k
     assert len(copies) == 2 and kept in copies and old in [p.read_text() for p in copies]
 
 
+def test_tags_are_not_replaced_under_a_running_train_project(tmp_path):
+    import json
+    import os
+    import socket
+
+    project = make_project(tmp_path, ROWS)
+    assert invoke(project).exit_code == 0
+    tags = project / "tags.txt"
+    old = tags.read_text()
+    lock = project / ".train.lock"
+    lock.write_text(json.dumps({"pid": os.getpid(), "hostname": socket.gethostname(), "started": 1.0}))
+    result = invoke(project, "--overwrite", "--allow-trained", "--minimum-post-count", 2)
+    assert result.exit_code == 2 and tags.read_text() == old
+    assert result.output.strip().startswith(f"error: {tags}: not replaced: a train-project holds this project (pid "
+                                            f"{os.getpid()} on host")
+    lock.write_text(json.dumps({"pid": 2 ** 22 + 12345, "hostname": socket.gethostname(), "started": 1.0}))
+    assert invoke(project, "--overwrite", "--minimum-post-count", 2).exit_code == 0  # a dead run's lock
+
+
 def test_the_same_tags_again_need_no_permission_and_keep_no_copy(tmp_path):
     project = make_project(tmp_path, ROWS)
     assert invoke(project).exit_code == 0

@@ -394,6 +394,14 @@ def _write_tags(target: Path, content: str, paths, allow_trained: bool):
     if not (target.exists() and target.resolve() == paths.tags.resolve() and target.read_bytes() != content.encode()):
         write_text_atomic(target, content)
         return None, None
+    from deepdanbooru.runstate.lock import describe_owner, owner_is_stale, read_owner
+
+    owner = read_owner(paths.lock)
+    if owner is not None and not owner_is_stale(paths.lock, owner):
+        # The run reads tags.txt at its start and checks it at every resume: it would stop at the next one.
+        raise TagsError(file_field(target, None, (
+            f"not replaced: a train-project holds this project ({describe_owner(owner)}, {paths.lock}); "
+            "replace it once that run has stopped")))
     trained = trained_with_tags(paths)
     if trained and not allow_trained:
         raise TagsError(file_field(target, None, (

@@ -330,10 +330,10 @@ def test_bad_fraction_over_the_limit(tmp_path, sample_dataset):
     state = read_state(project)
     assert state["used_sample"] == 23 and state["used_minibatch"] == 6
     log = (project / "logs" / "bad_images.txt").read_text().splitlines()
-    assert log and all("cannot be decoded" in line for line in log)
+    assert log and all("truncated: jpeg of 13 bytes ends early" in line for line in log)
     warnings = [line for line in lines if line.startswith("warning: 1 picture of records")]
     assert len(warnings) == 1, lines
-    assert warnings[0].endswith(f"in epoch 1 could not be read and was skipped: {corrupt} (cannot be decoded); "
+    assert warnings[0].endswith(f"in epoch 1 could not be read and was skipped: {corrupt} (truncated); "
                                 f"{project / 'logs' / 'bad_images.txt'} lists it with the reasons")
 
 

@@ -100,7 +100,8 @@ def main(ctx, debug):
 
 @main.command("create-project")
 @click.argument("project_path", type=click.Path(file_okay=False, path_type=str))
-@click.option("--overwrite", is_flag=True, help="Replace an existing project.json.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing project.json (one that models were trained with is kept beside it first).")
 @alias("--force", "overwrite", value=True)
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, type=click.Choice(list(RECIPES)),
               help="deepdanbooru: DeepDanbooru's defaults. modern: resnet_small, AdamW, asymmetric loss, a 40-epoch "

@@ -60,6 +60,21 @@ def test_create_project_writes_defaults_and_refuses_overwrite(tmp_path):
     assert json.loads((project / "project.json").read_text())["model"] == "resnet_custom_v2"
 
 
+def test_create_project_overwrite_keeps_the_project_json_a_model_was_trained_with(tmp_path):
+    project = tmp_path / "p"
+    assert run_cli("create-project", str(project)).exit_code == 0
+    assert run_cli("create-project", "--overwrite", str(project)).exit_code == 0  # nothing trained: no copy
+    assert [p.name for p in project.iterdir()] == ["project.json"]
+    (project / "project.json").write_text('{"model": "resnet_small", "image_width": 64}')
+    (project / "model-resnet_small.keras").write_bytes(b"trained")
+    result = run_cli("create-project", "--overwrite", str(project))
+    assert result.exit_code == 0
+    (kept,) = project.glob("project.replaced-*.json")
+    assert kept.read_text() == '{"model": "resnet_small", "image_width": 64}'
+    assert f"Kept the previous project.json as {kept}: " in result.output
+    assert json.loads((project / "project.json").read_text())["model"] == "resnet_custom_v2"
+
+
 def test_user_error_is_one_line_without_traceback_unless_debug(tmp_path):
     (tmp_path / "project.json").write_text("{}")
     command = [sys.executable, "-m", "deepdanbooru", "create-project", str(tmp_path)]

@@ -29,6 +29,16 @@ def recipe_project_json(recipe: str, project_dir: Path, settings=None) -> dict:
     return data
 
 
+def _keep_trained_config(paths) -> Path | None:
+    """--overwrite over a project something was trained with: a copy of its project.json (the settings a resume
+    and the exports need), beside it; None when nothing was trained or there is no project.json."""
+    from deepdanbooru.project.trained import keep_copy, trained_with_tags
+
+    if not paths.config.is_file() or not trained_with_tags(paths):
+        return None
+    return keep_copy(paths.config)
+
+
 def create_project(project_path, overwrite: bool = False, echo=print, recipe: str = DEFAULT_RECIPE,
                    settings=None, notes=()) -> Path:
     """settings: project.json values fitted to a database (dataset.fit), with `notes` saying why."""
@@ -44,8 +54,12 @@ def create_project(project_path, overwrite: bool = False, echo=print, recipe: st
         # machine train-project ignores the key, so the project still trains where it is copied to.
         data["mixed_precision"] = True
     paths.root.mkdir(parents=True, exist_ok=True)
+    kept = _keep_trained_config(paths)
     write_text_atomic(paths.config, json.dumps(data, indent=4) + "\n")
     echo(f"Created {paths.config}" + ("" if recipe == DEFAULT_RECIPE else f" (recipe {recipe})"))
+    if kept is not None:
+        echo(f"Kept the previous {paths.config.name} as {kept}: this project's checkpoints or exported models "
+             "were trained with it, and train-project refuses to resume them with another model or input size")
     if settings and "database_path" in settings:
         echo(f"database_path: {settings['database_path']} (relative to the project folder)")
     for line in notes:

@@ -66,14 +66,25 @@ def file_field(path, field, message):
     return f"{path}: {message}"
 
 
+SMALLER_BATCH = "use a smaller batch (--batch-size, or minibatch_size in project.json) or image size"
+
+
 def system_error_line(error: BaseException) -> str:
     """One line for what the operating system refused: `FILE: Permission denied`, `OLD -> NEW: ...`."""
     if isinstance(error, MemoryError):
-        return "out of memory; use a smaller batch (--batch-size, or minibatch_size in project.json) or image size"
+        return f"out of memory; {SMALLER_BATCH}"
     reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
     first, second = getattr(error, "filename", None), getattr(error, "filename2", None)
     where = f"{first} -> {second}: " if first and second else f"{first}: " if first else ""
     return f"{where}{reason}"
+
+
+def tf_message_text(error) -> str:
+    """A TensorFlow error's message on one line, without its function-node prefixes (`{{function_node ...}}`) and
+    the eager op's name at its end (`[Op:ExtractJpegShape] name:`). Plain text: this module never imports TF."""
+    text = re.sub(r"\{\{[^}]*\}\}", "", str(getattr(error, "message", error)))
+    text = re.sub(r"\s*\[Op:[^\]]*\]( name:\s*\S*)?\s*$", "", text)
+    return " ".join(text.split())
 
 
 def out_of_memory_line(error: BaseException) -> str | None:
@@ -83,7 +94,5 @@ def out_of_memory_line(error: BaseException) -> str | None:
     """
     if type(error).__name__ != "ResourceExhaustedError" or "tensorflow" not in type(error).__module__:
         return None
-    detail = " ".join(re.sub(r"\{\{[^}]*\}\}", "", str(getattr(error, "message", error))).split())
-    shown = detail.split(" [[")[0].split(" on /job:")[0][:160]
-    return (f"out of memory ({shown}); use a smaller batch (--batch-size, or minibatch_size in "
-            "project.json) or image size")
+    shown = tf_message_text(error).split(" [[")[0].split(" on /job:")[0][:160]
+    return f"out of memory ({shown}); {SMALLER_BATCH}"

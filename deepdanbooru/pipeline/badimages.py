@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import struct
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
+from deepdanbooru.errors import tf_message_text
 from deepdanbooru.pipeline.decode import decode_image_bytes
 from deepdanbooru.pipeline.gaps import PositionGaps
 from deepdanbooru.pipeline.header import FORMAT_NAMES, JPEG, UNKNOWN, declared_pixels, image_header
@@ -34,10 +34,7 @@ UNEXPLAINED = "dropped by the pipeline but decodes when re-read (transient read 
 
 
 def _tf_message(error: Exception) -> str:
-    text = getattr(error, "message", str(error))
-    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)  # function-node prefixes
-    text = re.sub(r"\s*\[Op:[^\]]*\]( name:\s*\S*)?\s*$", "", text)  # the eager op's name suffix
-    return " ".join(text.split())[:200]
+    return tf_message_text(error)[:200]
 
 
 def _looks_truncated(image_format: int, data: bytes) -> bool:

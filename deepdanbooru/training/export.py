@@ -57,18 +57,17 @@ def export_model(model: keras.Model, path, float32_copy: Path | None = None, tag
 def remove_partial_checkpoints(checkpoints) -> list[Path]:
     """Delete the folders a checkpoint save killed midway leaves (TensorFlow writes `ckpt-N_temp/` and renames
     its files out of it when done); call with the training lock held, so none is live."""
-    removed = []
-    for candidate in sorted(Path(checkpoints).glob("*_temp")):
-        if candidate.is_dir() and not candidate.is_symlink():
-            shutil.rmtree(candidate, ignore_errors=True)
-            removed.append(candidate)
-    return removed
+    return _remove_folders(checkpoints, "*_temp")
 
 
 def remove_partial_exports(directory) -> list[Path]:
     """Delete the staging directories a killed run left (call with the training lock held, so none is live)."""
+    return _remove_folders(directory, f".*{_PARTIAL}*")
+
+
+def _remove_folders(directory, pattern: str) -> list[Path]:
     removed = []
-    for candidate in sorted(Path(directory).glob(f".*{_PARTIAL}*")):
+    for candidate in sorted(Path(directory).glob(pattern)):
         if candidate.is_dir() and not candidate.is_symlink():
             shutil.rmtree(candidate, ignore_errors=True)
             removed.append(candidate)

@@ -31,7 +31,6 @@ import time
 import keras
 import tensorflow as tf
 
-from deepdanbooru.compat import wait_for_every_task
 from deepdanbooru.compiling import prepare_for_xla
 from deepdanbooru.errors import Interrupted, TrainingError, file_field
 from deepdanbooru.models import make_optimizer
@@ -51,7 +50,8 @@ from deepdanbooru.training.network import Network, export_name, recorded_network
 from deepdanbooru.training.outputs import Outputs
 from deepdanbooru.training.reporting import RunReport
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
-from deepdanbooru.training.sharding import WorkerSums, check_same_setup, setup_fingerprints
+from deepdanbooru.training.sharding import (WorkerSums, check_same_setup, every_worker_agrees, leave_together,
+                                            setup_fingerprints)
 from deepdanbooru.training.slices import SliceRunner
 from deepdanbooru.training.start import measure_start
 from deepdanbooru.training.step import TrainStep, build_optimizer
@@ -76,10 +76,6 @@ def make_training_optimizer(config, model, policy: str, rate: float):
     optimizer.build(model.trainable_variables)
     return optimizer, inner
 
-
-# The chief may still validate, checkpoint and export its last epoch while the workers wait at the end; a peer
-# that died fails the wait at once through the coordination service's heartbeats, not at this limit.
-LEAVING_TIMEOUT_SECONDS = 6 * 3600.0
 
 
 class SliceTrainer:
@@ -208,7 +204,7 @@ class SliceTrainer:
                 if self.budget is not None:
                     self.budget.slice_took(time.monotonic() - started)
             self._end_epoch()
-        self._leave_the_cluster_together()
+        leave_together(self.worker_sums)  # only the chief exports after this
         self.outputs.export(self.paths.final_export(self.exports), "final", report.progress())
         # No checkpoint here: it would repeat the last slice's at the cost of a full save. The mirror
         # records the counters after the epoch end, for preflight to say that training is complete.
@@ -240,20 +236,12 @@ class SliceTrainer:
         c = self.counters
         fits = self.budget is None or self.budget.another_slice_fits(
             exports=self.schedule.exports_after_slice(c.used_epoch, c.offset))
-        if self.worker_sums is not None:
-            # A collective: a worker that stopped alone would leave the others waiting in the next step.
-            fits = self.worker_sums([0.0 if fits else 1.0])[0] == 0
-        return fits
-
-    def _leave_the_cluster_together(self) -> None:
-        """After the last collective: a worker that left at once could close its socket while the chief still
-        pulls its last share of that collective from it, failing the chief. Only the chief exports after this."""
-        if self.worker_sums is not None:
-            wait_for_every_task("deepdanbooru: training ended", LEAVING_TIMEOUT_SECONDS)
+        # A worker that stopped alone would leave the others waiting in the next step.
+        return every_worker_agrees(self.worker_sums, fits)
 
     def _stop_for_time_limit(self) -> Counters:
         """Export what the last checkpoint holds and say how to go on; the next run resumes exactly here."""
-        self._leave_the_cluster_together()
+        leave_together(self.worker_sums)  # only the chief exports after this
         export = self.paths.stopped_export(self.exports)
         self.outputs.export(export, "time limit", self.report.progress())
         for monitor in self.monitors:

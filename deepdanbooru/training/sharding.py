@@ -11,6 +11,7 @@ import hashlib
 import numpy as np
 import tensorflow as tf
 
+from deepdanbooru.compat import wait_for_every_task
 from deepdanbooru.errors import TrainingError, file_field
 from deepdanbooru.runstate.cluster import ClusterRole
 
@@ -35,6 +36,25 @@ class WorkerSums:
     def __call__(self, vector) -> np.ndarray:
         summed = self._total(tf.constant(np.asarray(vector, dtype=np.float64)))
         return np.rint(summed.numpy() / self.local_replicas)
+
+
+# The chief may still validate, checkpoint and export its last epoch while the workers wait at the end; a peer
+# that died fails the wait at once through the coordination service's heartbeats, not at this limit.
+LEAVING_TIMEOUT_SECONDS = 6 * 3600.0
+
+
+def every_worker_agrees(worker_sums: WorkerSums | None, yes: bool) -> bool:
+    """A vote every worker takes together (a collective): True only when each says yes; alone, its own answer."""
+    if worker_sums is None:
+        return yes
+    return worker_sums([0.0 if yes else 1.0])[0] == 0
+
+
+def leave_together(worker_sums: WorkerSums | None) -> None:
+    """In a cluster (worker_sums given), after the last collective: a worker that left at once could close its
+    socket while the chief still pulls its last share of that collective from it, failing the chief."""
+    if worker_sums is not None:
+        wait_for_every_task("deepdanbooru: training ended", LEAVING_TIMEOUT_SECONDS)
 
 
 def _fingerprint(value) -> float:

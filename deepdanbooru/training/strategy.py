@@ -30,7 +30,7 @@ import keras
 import tensorflow as tf
 
 from deepdanbooru import compat, hardware
-from deepdanbooru.errors import ConfigError, TrainingError, file_field
+from deepdanbooru.errors import ConfigError, TrainingError, file_field, tf_message_text
 from deepdanbooru.tfruntime import tune_graph_optimizer
 from deepdanbooru.runstate.cluster import LOGICAL_CPUS_ENV, ClusterRole, DeviceChoice, cluster_role, logical_cpus
 
@@ -212,7 +212,7 @@ def cluster_failures(role: ClusterRole, checkpoints):
         if not role.in_cluster:
             raise
         message = str(getattr(error, "message", error))
-        detail = " ".join(re.sub(r"\{\{[^}]*\}\}", "", message).split())[:300]
+        detail = tf_message_text(message)[:300]
         peers = _peers_named(message, role)
         lost = f"lost contact with {', '.join(peers)}" if peers else "lost contact with another task"
         raise TrainingError(file_field(

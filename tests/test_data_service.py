@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -278,6 +279,9 @@ def test_training_on_the_data_service_gives_the_local_run_s_weights_bit_for_bit(
         train_project(served, echo=lambda *_: None)
         assert_same_weights(local / "model-resnet_small.keras", served / "model-resnet_small.keras")
     finally:
+        # A reading client still uncollected would otherwise go on calling the stopped dispatcher once a second
+        # (a warning line each) for as long as this test process lives.
+        gc.collect()
         for worker in workers:
             worker.stop()
         dispatcher.stop()

@@ -13,7 +13,7 @@ from PIL import Image
 tf = pytest.importorskip("tensorflow")
 
 from deepdanbooru.pipeline import (  # noqa: E402
-    Augmentation, BadImageTracker, TrainingInput, diagnose, inference_dataset, training_dataset,
+    Augmentation, BadImageTracker, TrainingInput, decode_image_bytes, diagnose, inference_dataset, training_dataset,
 )
 from deepdanbooru.pipeline import badimages  # noqa: E402
 
@@ -92,6 +92,27 @@ def test_a_jpeg_cut_inside_its_header_is_truncated_and_reasons_carry_no_op_names
     (tmp_path / "broken.jpg").write_bytes(bytes(broken))
     reason = diagnose(str(tmp_path / "broken.jpg"), LIMIT)
     assert reason.startswith("cannot be decoded: corrupt JPEG header: ") and "[Op:" not in reason and "name:" not in reason
+
+
+def test_a_jpeg_cut_before_its_scan_is_refused_without_asking_libjpeg(capfd):
+    """libjpeg, asked for the header of such a file, writes "Improper call to JPEG library" straight to stderr."""
+    whole = _encoded("JPEG", seed=9)
+    buffer = io.BytesIO()  # the scan starts past the first 16 KiB, after a large colour profile
+    Image.open(io.BytesIO(whole)).save(buffer, format="JPEG", icc_profile=bytes(40_000))
+    late = buffer.getvalue()
+    assert late.index(b"\xff\xda") > 40_000
+    assert [int(v) for v in badimages.image_header(tf.constant(late))[1]] == [40, 48, 1]
+    assert decode_image_bytes(late, LIMIT).shape == (40, 48, 3)
+    for data, cut in [(whole, 20), (whole, 120), (whole, whole.index(b"\xff\xda")), (late, 30_000)]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="is empty or over max_image_pixels"):
+            decode_image_bytes(data[:cut], LIMIT)
+        assert badimages.diagnose_bytes(data[:cut], LIMIT) == f"truncated: jpeg of {cut:,} bytes ends early"
+    assert "JPEG library" not in capfd.readouterr().err
+    # Cut after the start of scan: the header is read as before; the scan's missing rows fail the decode.
+    cut = whole[:len(whole) // 2]
+    assert [int(v) for v in badimages.image_header(tf.constant(cut))[1]] == [40, 48, 1]
+    assert badimages.diagnose_bytes(cut, LIMIT) == f"truncated: jpeg of {len(cut):,} bytes ends early"
+    assert decode_image_bytes(whole, LIMIT).shape == (40, 48, 3)
 
 
 def test_training_excludes_counts_and_logs_every_bad_record(records, tmp_path):

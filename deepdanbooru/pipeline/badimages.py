@@ -54,6 +54,10 @@ def _looks_truncated(image_format: int, data: bytes) -> bool:
     return False
 
 
+def _ends_early(name: str, data: bytes) -> str:
+    return f"{TRUNCATED}: {name} of {len(data):,} bytes ends early"
+
+
 def diagnose_bytes(data: bytes, max_image_pixels: int) -> str | None:
     """Why the pipeline cannot use these bytes, or None when they decode."""
     if not data:
@@ -63,7 +67,7 @@ def diagnose_bytes(data: bytes, max_image_pixels: int) -> str | None:
         image_format, size = image_header(tensor)
     except tf.errors.OpError as error:
         if _looks_truncated(JPEG, data):  # only a JPEG's header is read by an op that can fail
-            return f"{TRUNCATED}: jpeg of {len(data):,} bytes ends early"
+            return _ends_early("jpeg", data)
         return f"{UNDECODABLE}: corrupt JPEG header: {_tf_message(error)}"
     image_format = int(image_format)
     if image_format == UNKNOWN:
@@ -72,6 +76,8 @@ def diagnose_bytes(data: bytes, max_image_pixels: int) -> str | None:
     name = FORMAT_NAMES[image_format]
     pixels = int(declared_pixels(size))
     if height <= 0 or width <= 0:
+        if _looks_truncated(image_format, data):
+            return _ends_early(name, data)
         return f"{UNDECODABLE}: {name} header declares no size"
     if pixels > max_image_pixels:
         frames_note = f" x {frames} frames" if frames > 1 else ""
@@ -81,7 +87,7 @@ def diagnose_bytes(data: bytes, max_image_pixels: int) -> str | None:
         decode_image_bytes(tensor, max_image_pixels)
     except tf.errors.OpError as error:
         if _looks_truncated(image_format, data):
-            return f"{TRUNCATED}: {name} of {len(data):,} bytes ends early"
+            return _ends_early(name, data)
         return f"{UNDECODABLE}: {name}: {_tf_message(error)}"
     return None
 

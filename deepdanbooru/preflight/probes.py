@@ -16,6 +16,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+from deepdanbooru.errors import tf_message_text
 from deepdanbooru.preflight.results import FAIL, PASS, WARN, CheckResult
 
 # Runtime packages: (import name, distribution names that provide it, requirement name in pyproject).
@@ -152,7 +153,7 @@ def probe_imports() -> list[CheckResult]:
 
 
 _TENSORFLOW_CODE = """
-import json, re, sys
+import json, sys
 request = json.load(sys.stdin)
 tf = __import__("tensorflow")  # in the child process only: this room never imports it
 report = {"version": tf.__version__,
@@ -177,9 +178,7 @@ for path, kind, animated in request["images"]:
             image = tf.io.decode_image(data, channels=3, expand_animations=False)
         decoded.append([int(image.shape[0]), int(image.shape[1]), ""])
     except Exception as error:
-        message = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        message = re.sub(r"\s*\[Op:\w+\].*$", "", re.sub(r"^\{\{[^}]*\}\}\s*", "", message))
-        decoded.append([0, 0, message])
+        decoded.append([0, 0, (str(error).strip().splitlines() or [type(error).__name__])[0]])
 report["decoded"] = decoded
 print(json.dumps(report))
 """
@@ -202,7 +201,7 @@ def probe_tensorflow(images) -> list[CheckResult]:
     bad = []
     for (row_id, path, info), (height, width, error) in zip(images, report["decoded"]):
         if error:
-            bad.append(f"id {row_id} {path}: {error}")
+            bad.append(f"id {row_id} {path}: {tf_message_text(error)}")
         elif (height, width) != (info.height, info.width):
             bad.append(f"id {row_id} {path}: decoded {width}x{height}, header says {info.width}x{info.height}")
     if not images:

@@ -408,6 +408,32 @@ def test_model_path_alone_uses_the_tags_recorded_inside(images, colour_model_fil
     assert "(1.000) crimson" in result.stdout and "red" not in result.stdout.replace(str(images["red"]), "")
 
 
+@pytest.mark.parametrize("tags, difference", [
+    (["green", "red", "blue"], "line 1 is 'green', the model's tag 1 'red'; the same tags in another order"),
+    (["red", "lime", "blue"], "line 2 is 'lime', the model's tag 2 'green'"),
+    (["red", "green"], "2 tags, the model's 3"),
+])
+def test_a_tags_file_other_than_the_one_the_model_records_is_refused(project, images, tags, difference):
+    """Its scores would be printed, written and measured under other tags' names."""
+    from deepdanbooru.models.vocabulary import write_model_tags
+
+    export = project / "model-resnet_small.keras"
+    write_model_tags(export, TAGS)
+    (project / "tags.txt").write_text("".join(f"{tag}\n" for tag in tags))
+    expected = (f"error: {project / 'tags.txt'}: not the tags {export} was trained with ({difference}); restore the "
+                f"tags.txt it was trained with or train again (`deepdanbooru evaluate --model-path {export}` "
+                "without --tags-path uses the tags it records)\n")
+    for args in (["evaluate", images["red"], "--project-path", project], ["evaluate-project", project, images["red"]],
+                 ["grad-cam", project, images["red"], "--save-path", project / "maps"]):
+        result = run_cli(*args)
+        assert (result.exit_code, result.stderr.splitlines()[-1] + "\n") == (2, expected), args
+    assert not (project / "maps").exists()
+    result = run_cli("evaluate", images["red"], "--model-path", export, "--tags-path", project / "tags.txt")
+    assert result.exit_code == 2 and f"not the tags {export} was trained with" in result.stderr
+    result = run_cli("evaluate", images["red"], "--model-path", export)  # the tags it records
+    assert result.exit_code == 0 and "(1.000) red" in result.stdout
+
+
 def test_model_from_files_and_source_errors(project, images, colour_model_file, tmp_path):
     tags = project / "tags.txt"
     result = run_cli("evaluate", images["red"], "--model-path", colour_model_file, "--tags-path", tags)

@@ -137,7 +137,32 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
     tags = Path(tags_path) if tags_path is not None else ProjectPaths(config.project_dir).tags
     if not model.is_file():
         raise ModelError(file_field(model, None, "model file not found"))
+    if recorded is None:
+        check_recorded_tags(model, tags)
     return ModelFiles(model=model, tags=tags, config=config, kind=kind, recorded=recorded)
+
+
+def check_recorded_tags(model: Path, tags_file: Path) -> None:
+    """Refuse a tags file other than the one `model` records it was trained with: its scores would be reported
+    under other tags' names (a tags.txt replaced, reordered or edited since training)."""
+    recorded = read_model_tags(model)
+    if recorded is None:  # a .h5 or a file re-saved by another tool: it cannot say
+        return
+    from deepdanbooru.project.tags import load_tags
+
+    given = tuple(load_tags(tags_file))
+    if given == recorded:
+        return
+    if len(given) != len(recorded):
+        difference = f"{len(given)} tags, the model's {len(recorded)}"
+    else:
+        line = next(n for n, (mine, its) in enumerate(zip(given, recorded)) if mine != its)
+        difference = f"line {line + 1} is {given[line]!r}, the model's tag {line + 1} {recorded[line]!r}"
+        if sorted(given) == sorted(recorded):
+            difference += "; the same tags in another order"
+    raise ModelError(file_field(tags_file, None, (
+        f"not the tags {model} was trained with ({difference}); restore the tags.txt it was trained with or "
+        f"train again (`deepdanbooru evaluate --model-path {model}` without --tags-path uses the tags it records)")))
 
 
 def model_tags(files: ModelFiles) -> list[str]:

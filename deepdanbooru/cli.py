@@ -8,6 +8,7 @@ code (exitcodes.py) here, and only here.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -91,6 +92,10 @@ def main(ctx, debug):
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     warnings.showwarning = _show_warning
+    # A file name that is not UTF-8 is printed as the bytes it is, not refused by a strict UTF-8 stream.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.encoding.lower().replace("-", "") == "utf8":
+            stream.reconfigure(errors="surrogateescape")
     # TensorFlow's C++ start-up chatter (CPU feature notes, plugin registration) buries our
     # own one-line messages; keep it unless the user chose a level or asked for --debug.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if debug else "3")

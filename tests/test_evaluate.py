@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -256,6 +257,18 @@ def test_folder_recursion_filters_natural_order_and_save_txt(project, tmp_path):
     assert (folder / "img10.txt").read_text() == "blue"
     assert (folder / "sub" / "img1.txt").read_text() == "green"
     assert not (folder / "skip.txt").exists()
+
+
+def test_a_file_name_that_is_not_utf8_is_tagged_with_the_others(project, tmp_path):
+    folder = tmp_path / "shots"
+    solid(folder / os.fsdecode(b"red\xff.png"), (255, 0, 0))
+    solid(folder / "green.png", (0, 255, 0))
+    result = run_cli("evaluate", folder, "--project-path", project, "--allow-folder", "--save-txt")
+    assert result.exit_code == 0, result.output
+    assert (folder / os.fsdecode(b"red\xff.txt")).read_text() == "red" and (folder / "green.txt").read_text() == "green"
+    result = run_cli("grad-cam", project, folder, "--save-path", tmp_path / "maps")
+    assert result.exit_code == 0, result.output
+    assert sorted(path.name for path in (tmp_path / "maps").iterdir()) == ["green", "red_"]
 
 
 def test_save_txt_joins_tags_with_commas(project, images):

@@ -1,5 +1,7 @@
 """grad-cam: the maps are what they claim to be, and the files land under safe names."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,8 @@ def test_safe_file_names():
     assert safe_file_name("") == "_"
     assert safe_file_name(":d") == "_d"
     assert len(safe_file_name("é" * 300).encode()) <= 200
+    # A file name that is not UTF-8, as Python reads it from the disk (lone surrogates).
+    assert safe_file_name(os.fsdecode(b"bad\xff\xfe.png")) == "bad__.png"
 
 
 def test_unique_names_never_collide():

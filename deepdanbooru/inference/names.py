@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-# Path separators, characters Windows forbids, and control characters.
-_UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\<>:"|?*]')
+# Path separators, characters Windows forbids, control characters, and the bytes of a name that is not UTF-8
+# (Python holds them as lone surrogates, which no file system outside Linux takes).
+_UNSAFE = re.compile(r'[\x00-\x1f\x7f/\\<>:"|?*\ud800-\udfff]')
 _WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 # Leaves room for a suffix like ".gradcam.png" within the usual 255-byte limit.
 _MAX_BYTES = 200

@@ -13,6 +13,7 @@ OpenCV decodes and warps them (picturewarp.py) with the same maps.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +48,8 @@ _OPTIONS.autotune.enabled = False
 
 def _columns(paths, positions, tag_strings) -> dict:
     columns = {
-        "path": tf.constant([str(path) for path in paths], tf.string, shape=[len(paths)]),
+        # As bytes: a file name that is not UTF-8 (Python holds it with surrogate escapes) cannot become text.
+        "path": tf.constant([os.fsencode(path) for path in paths], tf.string, shape=[len(paths)]),
         "position": tf.constant(positions, tf.int64, shape=[len(paths)]),
     }
     if tag_strings is not None:

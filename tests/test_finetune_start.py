@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from train_helpers import make_project
 
-from deepdanbooru.errors import TrainingError
+from deepdanbooru.errors import ModelError, TrainingError
 
 MODEL = "resnet_small"
 UNKNOWN = ["tag_the_project_lacks", "another_one"]
@@ -175,3 +175,38 @@ def test_a_diverging_run_leaves_the_start_as_the_best_export(tmp_path, sample_da
     assert start["trigger"] == "start" and best["used_minibatch"] == 0
     assert best["value"] == pytest.approx(start["macro_f1"])
     assert (project / f"model-{MODEL}.best.keras").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_stopped_before_its_first_checkpoint_starts_again_from_its_source(tmp_path, sample_dataset, source):
+    """Run again without --source-model (as a resumed run is), it starts from the source again, not from scratch
+    with its frozen blocks random."""
+    from deepdanbooru.training.monitors import Monitor
+    from deepdanbooru.training.train import train_project
+
+    class Crash(Monitor):
+        def on_step(self, progress, position):
+            raise RuntimeError("stopped before the first checkpoint")
+
+    source_path, _ = source
+    project = make_project(tmp_path / "p", *sample_dataset, epoch_count=1, checkpoint_frequency_mb=100)
+    with pytest.raises(RuntimeError, match="before the first checkpoint"):
+        train_project(project, source_model=source_path, echo=lambda *_: None, monitors=[Crash()])
+    record = project / "checkpoints" / "start.json"
+    assert json.loads(record.read_text()) == {"source_model": str(source_path), "source_tags": None}
+    assert not (project / "checkpoints" / "checkpoint").exists()
+
+    lines = []
+    train_project(project, echo=lines.append)
+    assert (f"notice: the run started from --source-model {source_path} stopped before its first checkpoint: this "
+            f"one starts from it again ({record}; delete it to train from scratch)") in lines
+    state = json.loads((project / "checkpoints" / "state.json").read_text())
+    assert state["source"] == str(source_path) and state["network"] != MODEL  # the source's network trains
+
+    other = make_project(tmp_path / "q", *sample_dataset, epoch_count=1)
+    (other / "checkpoints").mkdir()
+    gone = tmp_path / "gone.keras"
+    (other / "checkpoints" / "start.json").write_text(json.dumps({"source_model": str(gone), "source_tags": None}))
+    with pytest.raises(ModelError, match=rf"{gone}: --source-model not found .* \(the source the stopped run started "
+                                         rf"from, as {other / 'checkpoints' / 'start.json'} records it; delete"):
+        train_project(other, echo=lambda *_: None)

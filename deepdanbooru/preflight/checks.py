@@ -378,6 +378,15 @@ def check_checkpoint(run: Run):
     directory = run.paths.checkpoints
     index = directory / "checkpoint"
     if not index.is_file():
+        from deepdanbooru.training.source import START_FILE, recorded_start  # standard library only
+
+        try:
+            started = recorded_start(directory)
+        except UserError as error:
+            return FAIL, str(error)
+        if started is not None:
+            return PASS, (f"no checkpoint in {directory}: the next train-project starts FRESH from --source-model "
+                          f"{started[0]}, which the stopped run started from ({START_FILE} there)")
         return PASS, f"no checkpoint in {directory}: the next train-project starts FRESH"
     try:
         match = _LATEST.search(index.read_text(encoding="utf-8"))

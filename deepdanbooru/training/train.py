@@ -24,7 +24,9 @@ from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
 from deepdanbooru.training.budget import TimeBudget
-from deepdanbooru.training.source import SourceModel, check_input_size, check_resumed_source, read_source_model
+from deepdanbooru.training.source import (
+    START_FILE, SourceModel, check_input_size, check_resumed_source, read_source_model, record_start, recorded_start,
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class TrainingPlan:
     split_note: str | None = None  # why a run keeps its split by post id (scoring.split.split_for_run)
     time_budget: TimeBudget | None = None  # --time-limit, counted from plan_training
     shards: ShardIndex | None = None  # the packed pictures (deepdanbooru pack), when the project has them
+    source_tags_file: Path | None = None  # --source-tags, kept with the source in checkpoints/start.json
+    start_note: str | None = None  # a --source-model taken from checkpoints/start.json (training.source)
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
@@ -68,6 +72,13 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     # Resuming a --source-model run: its checkpoint's network trains (training.network), not `model`.
     resumed = fine_tuned_network(paths.checkpoints)
     check_resumed_source(resumed and resumed["source"], source_model, paths.checkpoints)
+    start_note = None
+    started = recorded_start(paths.checkpoints) if source_model is None and source_tags is None else None
+    if started is not None:
+        source_model, source_tags = started
+        start_note = (f"notice: the run started from --source-model {source_model} stopped before its first "
+                      f"checkpoint: this one starts from it again ({paths.checkpoints / START_FILE}; delete it to "
+                      "train from scratch)")
     if source_model is None:
         if source_tags is not None:
             raise ModelError(file_field(source_tags, None, "--source-tags is for --source-model; give both"))
@@ -75,7 +86,13 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             check_model_input(config.model, config.input_shape, source=config.config_path)
             check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     else:
-        source = read_source_model(source_model, source_tags)
+        try:
+            source = read_source_model(source_model, source_tags)
+        except ModelError as error:
+            if started is None:
+                raise
+            raise ModelError(f"{error} (the source the stopped run started from, as {paths.checkpoints / START_FILE} "
+                             "records it; delete that file to train from scratch)") from None
         check_input_size(source, config)
         source_model, known_tags = source.path, source.tags
     records = load_records(database, config.minimum_tag_count, config.image_extensions)
@@ -95,7 +112,8 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
                                         ((True, t) for t in validation.tag_strings)), tags)
     return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, source,
                         force_mixed_precision, device_choice, role, split_note=split_note, time_budget=budget,
-                        shards=shards,
+                        shards=shards, start_note=start_note,
+                        source_tags_file=Path(source_tags) if source_tags is not None else None,
                         trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
 
 
@@ -132,6 +150,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
     """
     plan = plan_training(project_dir, source_model, force_mixed_precision, devices, source_tags, time_limit,
                          time_limit_text)
+    if plan.start_note:
+        echo(plan.start_note)
     if plan.split_note:
         echo(plan.split_note)
     if plan.shards is not None:
@@ -161,6 +181,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
             # Holding the lock, any partial export or checkpoint left here belongs to a dead run.
             remove_partial_exports(plan.paths.root)
             remove_partial_checkpoints(plan.paths.checkpoints)
+            if plan.source_model is not None and not (plan.paths.checkpoints / "checkpoint").is_file():
+                record_start(plan.paths.checkpoints, plan.source_model, plan.source_tags_file)
         with cluster_failures(plan.role, plan.paths.checkpoints):
             if plan.role.in_cluster:
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")

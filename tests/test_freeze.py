@@ -132,6 +132,21 @@ def unfreezing_against_a_fresh_optimizer(name) -> tuple[dict, dict]:
     return unfrozen, fresh
 
 
+def test_without_a_trunk_to_unfreeze_the_optimizer_state_is_kept():
+    """trainable_blocks 0 leaves only the head trainable: freeze_backbone_epochs then changes nothing."""
+    model = deepdanbooru_style()
+    for layer in trunk_layers(model):
+        layer.trainable = False
+    optimizer = _optimizer("adam", model)
+    for variable in optimizer.variables:
+        variable.assign(tf.ones_like(variable))
+    lines = []
+    freeze = BackboneFreeze(model, optimizer, 1, echo=lines.append)
+    freeze.at_epoch(0, 0)
+    freeze.at_epoch(1, 0)
+    assert lines == [] and all(np.all(variable.numpy() == 1) for variable in optimizer.variables)
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_after_unfreezing_the_trunk_steps_as_with_a_fresh_optimizer(name):
     unfrozen, fresh = unfreezing_against_a_fresh_optimizer(name)

@@ -53,7 +53,9 @@ class BackboneFreeze:
                 self.on_change()
             self.echo(f"Backbone frozen for epochs 1 to {self.epochs}: only the head trains" if frozen
                       else f"Backbone unfrozen from epoch {used_epoch + 1}: {self.trains} trains")
-        # offset 0: no step of this epoch was taken, so none was checkpointed with the fresh state yet.
-        if self.epochs and used_epoch == self.epochs and offset == 0:
+        # offset 0: no step of this epoch was taken, so none was checkpointed with the fresh state yet. Without a
+        # trunk to unfreeze (trainable_blocks 0 leaves only the head) nothing changes there, so neither does the
+        # optimizer.
+        if self.epochs and self.layers and used_epoch == self.epochs and offset == 0:
             reset_optimizer_state(self.optimizer)
             self.echo(f"Optimizer state restarted for the unfrozen trunk (epoch {used_epoch + 1})")

@@ -395,6 +395,17 @@ def test_h5_written_by_keras_3_opens(tmp_path):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)), keras.ops.convert_to_numpy(model(x)), atol=1e-6)
 
 
+def test_a_sequential_model_opens_as_the_same_functional_model(tmp_path):
+    """Loaded, a Sequential model has no `input`: everything that reads one (inference, --source-model) failed."""
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(4, 3, name="conv"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3, activation="sigmoid")])
+    model.save(tmp_path / "sequential.keras")
+    loaded = load_model_file(tmp_path / "sequential.keras")
+    x = np.random.default_rng(0).random((2, 16, 16, 3)).astype(np.float32)
+    assert not isinstance(loaded, keras.Sequential) and loaded.input.shape == (None, 16, 16, 3)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)), keras.ops.convert_to_numpy(model(x)), atol=1e-6)
+
+
 def test_missing_corrupt_or_unknown_model_files_are_model_errors(tmp_path):
     with pytest.raises(ModelError, match="missing.keras: model file not found"):
         load_model_file(tmp_path / "missing.keras")

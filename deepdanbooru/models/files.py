@@ -69,7 +69,8 @@ def _single_input_output(model, path):
             file_field(path, None, f"expected one image input and one output, found "
                        f"{len(model.inputs)} inputs and {len(model.outputs)} outputs")
         )
-    if isinstance(model.input, list) or isinstance(model.output, list):
+    # A Sequential model has no `input` of its own once loaded: the same graph as a functional model has.
+    if isinstance(model, keras.Sequential) or isinstance(model.input, list) or isinstance(model.output, list):
         model = keras.Model(model.inputs[0], model.outputs[0], name=model.name)
     return model
 

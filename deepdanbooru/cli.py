@@ -306,11 +306,16 @@ def make_training_database(source_path, output_path, start_id, end_id, use_delet
 @click.option("--minimum-post-count", default=500, show_default=True, type=click.IntRange(min=0),
               help="Least posts a tag needs.")
 @click.option("--overwrite", is_flag=True, help="Replace existing tag files in PATH.")
+@click.option("--allow-trained", is_flag=True,
+              help="With --overwrite, where PATH is a project: replace the tags.txt that its checkpoints or exported "
+                   "models were trained with (refused otherwise); the old file is kept beside it as "
+                   "tags.replaced-<time>.txt.")
 @click.option("--base-url", default="https://danbooru.donmai.us", show_default=True, help="Danbooru server.")
 @click.option("--include-paid-tags", is_flag=True,
               help="Keep loli, shota and toddlercon, whose posts only paid accounts can see (left out by default, "
                    "as in DeepDanbooru).")
-def download_tags(path, username, api_key, limit, minimum_post_count, overwrite, base_url, include_paid_tags):
+def download_tags(path, username, api_key, limit, minimum_post_count, overwrite, allow_trained, base_url,
+                  include_paid_tags):
     """Download Danbooru general and character tags into PATH.
 
     Writes tags-general.txt and tags-character.txt (each in natural name
@@ -321,7 +326,7 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
     from deepdanbooru.dataset.download import download_tags as download
 
     download(path, username, api_key, limit=limit, minimum_post_count=minimum_post_count, overwrite=overwrite,
-             base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True),
+             allow_trained=allow_trained, base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True),
              include_paid_tags=include_paid_tags)
 
 

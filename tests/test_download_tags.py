@@ -269,6 +269,22 @@ def test_refuses_overwrite_before_any_request(server, tmp_path):
     assert load_tags(tmp_path / "tags.txt")[:2] == ["general_0", "general_1"]
 
 
+def test_a_project_s_trained_tags_are_replaced_only_when_allowed_and_kept(server, tmp_path):
+    """As make-tags: exported models and checkpoints answer in the order of the tags.txt they were trained with."""
+    (tmp_path / "project.json").write_text("{}")
+    (tmp_path / "tags.txt").write_text("mine\n")
+    (tmp_path / "model-resnet_small.keras").write_bytes(b"model")
+    result = invoke(server, tmp_path, "--overwrite", "--limit", 2)
+    assert result.exit_code == 2 and server.requests == [] and (tmp_path / "tags.txt").read_text() == "mine\n"
+    assert result.output.startswith(f"error: {tmp_path / 'tags.txt'}: not replaced: the exported models "
+                                    "(model-resnet_small.keras) were trained with it")
+    result = invoke(server, tmp_path, "--overwrite", "--allow-trained", "--limit", 2)
+    assert result.exit_code == 0, result.output
+    assert load_tags(tmp_path / "tags.txt")[:2] == ["general_0", "general_1"]
+    (kept,) = tmp_path.glob("tags.replaced-*.txt")
+    assert kept.read_text() == "mine\n" and f"Kept the previous tags.txt as {kept}" in result.output
+
+
 def test_bad_options(server, tmp_path):
     assert invoke(server, tmp_path, "--limit", 0).exit_code == 2
     result = CliRunner().invoke(main, ["download-tags", str(tmp_path), "--username", USER, "--api-key", KEY,

@@ -181,6 +181,25 @@ def test_tags_that_a_model_was_trained_with_are_only_replaced_when_allowed_and_k
     assert len(copies) == 2 and kept in copies and old in [p.read_text() for p in copies]
 
 
+def test_overwrite_with_save_path_replaces_only_another_tag_list(tmp_path):
+    project = make_project(tmp_path, ROWS)
+    model = tmp_path / "model.keras"
+    model.write_bytes(b"PK\x03\x04\x00\xff")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a list of things to do\n")
+    for target, reason in [(project / "project.json", "it is one of the project's own files"),
+                           (model, "it is not a tag list (one tag a line)"),
+                           (notes, "it is not a tag list (one tag a line)")]:
+        before = target.read_bytes()
+        result = invoke(project, "--overwrite", "--save-path", target)
+        assert result.exit_code == 2 and target.read_bytes() == before
+        assert result.output.strip() == (f"error: {target}: not replaced: {reason}; --overwrite replaces only a tag "
+                                         "list: give another --save-path")
+    older = tmp_path / "older.txt"
+    older.write_text("cat\ndog\n")
+    assert invoke(project, "--overwrite", "--save-path", older).exit_code == 0 and "bird" in older.read_text()
+
+
 def test_tags_are_not_replaced_under_a_running_train_project(tmp_path):
     import json
     import os

@@ -28,7 +28,7 @@ from deepdanbooru.fileio import create_beside, write_text_atomic
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import count_tags
-from deepdanbooru.project.trained import keep_copy, trained_with_tags
+from deepdanbooru.project.trained import write_tags_file
 from deepdanbooru.wording import plural
 
 RATING_TAGS = {
@@ -348,6 +348,8 @@ def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrit
         raise TagsError(file_field(target, None, f"directory {target.parent} does not exist"))
     if target.exists() and not overwrite:
         raise TagsError(file_field(target, None, "already exists; use --overwrite to replace it"))
+    if target.exists() and target.resolve() != paths.tags.resolve():
+        _check_tag_list(target, (config.config_path, database))
 
     records = load_records(database, config.minimum_tag_count, config.image_extensions)
     if not len(records):
@@ -369,7 +371,7 @@ def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrit
         raise TagsError(file_field(target, None,
                                    f"not written: no tag occurs in {minimum_post_count} or more of the "
                                    f"{counted} of {database}; lower --minimum-post-count"))
-    trained, kept = _write_tags(target, "".join(f"{tag}\n" for tag in tags), paths, allow_trained)
+    trained, kept = write_tags_file(target, "".join(f"{tag}\n" for tag in tags), paths, allow_trained)
 
     total_posts = _count_posts(database)
     n_system = sum(1 for tag in tags if is_system_tag(tag))
@@ -388,29 +390,30 @@ def make_tags(project_dir, minimum_post_count: int = 1, limit: int = 0, overwrit
     return tags
 
 
-def _write_tags(target: Path, content: str, paths, allow_trained: bool):
-    """Write `content` to `target`; (what was trained with the old file, the copy kept of it), both None when
-    the project's own tags.txt did not change or nothing was trained with it. Refused without allow_trained."""
-    if not (target.exists() and target.resolve() == paths.tags.resolve() and target.read_bytes() != content.encode()):
-        write_text_atomic(target, content)
-        return None, None
-    from deepdanbooru.runstate.lock import describe_owner, owner_is_stale, read_owner
+# The largest file taken for a tag list --overwrite may replace (a 100,000-tag list is about 2 MB).
+_TAG_LIST_BYTES = 16 << 20
 
-    owner = read_owner(paths.lock)
-    if owner is not None and not owner_is_stale(paths.lock, owner):
-        # The run reads tags.txt at its start and checks it at every resume: it would stop at the next one.
-        raise TagsError(file_field(target, None, (
-            f"not replaced: a train-project holds this project ({describe_owner(owner)}, {paths.lock}); "
-            "replace it once that run has stopped")))
-    trained = trained_with_tags(paths)
-    if trained and not allow_trained:
-        raise TagsError(file_field(target, None, (
-            f"not replaced: {trained.describe()} were trained with it, and with other tags "
-            f"{trained.consequences()}; for other tags start a new project (create-project, then make-tags "
-            "there), or add --allow-trained to replace it anyway (the current file is kept beside it)")))
-    kept = keep_copy(target) if trained else None
-    write_text_atomic(target, content)
-    return (trained or None), kept
+
+def _check_tag_list(target: Path, own_files) -> None:
+    """--overwrite with --save-path replaces another tag list, never the project's own files or a file of another
+    kind (a model, an image, JSON)."""
+    if any(target.resolve() == Path(own).resolve() for own in own_files):
+        reason = "it is one of the project's own files"
+    else:
+        with open(target, "rb") as handle:
+            data = handle.read(_TAG_LIST_BYTES + 1)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+        if len(data) > _TAG_LIST_BYTES or text is None or "\0" in text or text.lstrip()[:1] in ("{", "[") or \
+                any(len(line.split()) != 1 for line in lines):
+            reason = "it is not a tag list (one tag a line)"
+        else:
+            return
+    raise TagsError(file_field(target, None, f"not replaced: {reason}; --overwrite replaces only a tag list: give "
+                                             "another --save-path"))
 
 
 def _count_posts(database) -> int:

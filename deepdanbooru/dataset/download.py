@@ -26,6 +26,8 @@ from deepdanbooru.dataset.build import SYSTEM_TAGS
 from deepdanbooru.errors import NetworkError, UserError, file_field
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.categories import CATEGORIES_FILE  # DeepDanbooru's format, read back there
+from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.trained import check_tags_replaceable, write_tags_file
 
 DEFAULT_BASE_URL = "https://danbooru.donmai.us"
 PAGE_SIZE = 1000  # the API's largest page
@@ -204,8 +206,11 @@ def natural_key(tag: str):
 
 def download_tags(path, username: str, api_key: str, limit: int = 10000, minimum_post_count: int = 500,
                   overwrite: bool = False, base_url: str = DEFAULT_BASE_URL, echo=print, notice=print,
-                  client: TagClient | None = None, include_paid_tags: bool = False) -> dict[str, list[str]]:
-    """Fetch every category, then write the tag files; nothing is written unless all downloads succeed."""
+                  client: TagClient | None = None, include_paid_tags: bool = False,
+                  allow_trained: bool = False) -> dict[str, list[str]]:
+    """Fetch every category, then write the tag files; nothing is written unless all downloads succeed. In a
+    project folder, a tags.txt its checkpoints or exports were trained with is replaced only with allow_trained
+    (and kept beside it), as make-tags does."""
     path = Path(path)
     if limit < 1:
         raise UserError(f"--limit must be >= 1, got {limit}")
@@ -217,6 +222,9 @@ def download_tags(path, username: str, api_key: str, limit: int = 10000, minimum
         for name in OUTPUT_FILES:
             if (path / name).exists():
                 raise UserError(file_field(path / name, None, "already exists; use --overwrite to replace it"))
+    project = ProjectPaths(path) if (path / "project.json").is_file() else None
+    if project is not None and project.tags.exists():
+        check_tags_replaceable(project.tags, project, allow_trained)  # before the downloads, which take minutes
     client = client or TagClient(base_url, username, api_key, notice=notice)
     started = datetime.now(timezone.utc)
     results = []
@@ -250,7 +258,13 @@ def download_tags(path, username: str, api_key: str, limit: int = 10000, minimum
     write_text_atomic(path / CATEGORIES_FILE, json.dumps(starts, indent=2) + "\n")
     write_text_atomic(path / LOG_FILE, _log_text(started, client, username, limit, minimum_post_count, results,
                                                  len(all_tags), include_paid_tags))
-    write_text_atomic(path / ALL_TAGS_FILE, "".join(f"{t}\n" for t in all_tags))
+    content = "".join(f"{t}\n" for t in all_tags)
+    if project is None:
+        write_text_atomic(path / ALL_TAGS_FILE, content)
+    else:
+        trained, kept = write_tags_file(path / ALL_TAGS_FILE, content, project, allow_trained)
+        if kept is not None:
+            echo(f"Kept the previous tags.txt as {kept}: {trained.describe()} were trained with it")
     echo(f"Wrote {len(all_tags)} tags ({len(SYSTEM_TAGS)} rating system tags) to {path / ALL_TAGS_FILE}")
     return lists
 

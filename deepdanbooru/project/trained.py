@@ -3,7 +3,7 @@
 A checkpoint records a hash of tags.txt (train-project refuses to resume
 after it changed) and an exported model has one output per tags.txt line, in
 that order: replacing the file leaves both without the vocabulary they were
-trained on. make-tags asks before it does that, and keeps the old file.
+trained on. make-tags and download-tags ask before they do that, and keep the old file.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepdanbooru.fileio import write_bytes_atomic
+from deepdanbooru.errors import TagsError, file_field
+from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
 
 SHOWN_EXPORTS = 3  # exports named one by one before the rest are counted
 
@@ -65,3 +66,35 @@ def keep_copy(path: Path) -> Path:
         copy = path.with_name(f"{path.stem}.replaced-{stamp}-{number}{path.suffix}")
     write_bytes_atomic(copy, path.read_bytes())
     return copy
+
+
+def check_tags_replaceable(target: Path, paths, allow_trained: bool) -> TrainedWithTags | None:
+    """What was trained with the project's tags.txt (`target`), or None; refused (TagsError) while a run holds the
+    project, and without allow_trained when its checkpoints or exported models were trained with it."""
+    from deepdanbooru.runstate.lock import describe_owner, owner_is_stale, read_owner
+
+    owner = read_owner(paths.lock)
+    if owner is not None and not owner_is_stale(paths.lock, owner):
+        # The run reads tags.txt at its start and checks it at every resume: it would stop at the next one.
+        raise TagsError(file_field(target, None, (
+            f"not replaced: a train-project holds this project ({describe_owner(owner)}, {paths.lock}); "
+            "replace it once that run has stopped")))
+    trained = trained_with_tags(paths)
+    if trained and not allow_trained:
+        raise TagsError(file_field(target, None, (
+            f"not replaced: {trained.describe()} were trained with it, and with other tags "
+            f"{trained.consequences()}; for other tags start a new project (create-project, then make-tags "
+            "there), or add --allow-trained to replace it anyway (the current file is kept beside it)")))
+    return trained or None
+
+
+def write_tags_file(target: Path, content: str, paths, allow_trained: bool):
+    """Write `content` to `target`; (what was trained with the old file, the copy kept of it), both None when
+    the project's own tags.txt did not change or nothing was trained with it (check_tags_replaceable)."""
+    if not (target.exists() and target.resolve() == paths.tags.resolve() and target.read_bytes() != content.encode()):
+        write_text_atomic(target, content)
+        return None, None
+    trained = check_tags_replaceable(target, paths, allow_trained)
+    kept = keep_copy(target) if trained else None
+    write_text_atomic(target, content)
+    return trained, kept

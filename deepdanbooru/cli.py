@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import sys
 import warnings
@@ -77,6 +78,16 @@ def _usage_error(ctx, error: click.UsageError):
     listed = "commands" if message.startswith("No such command") else "options"
     click.echo(f"error: {message} ({context.command_path} --help lists the {listed})", err=True)
     ctx.exit(error.exit_code)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange without nan (it passes every comparison, so a range cannot refuse it) and infinities."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -440,7 +451,7 @@ def _model_source_options(command):
     return command
 
 
-_THRESHOLD = click.option("--threshold", type=click.FloatRange(0.0, 1.0),
+_THRESHOLD = click.option("--threshold", type=FiniteFloatRange(0.0, 1.0),
                           help="Report tags whose score is at least this, for every tag  [default: the per-tag "
                                "thresholds CSV training wrote beside the model, if there is one, else 0.5].")
 _THRESHOLDS_CSV = click.option("--thresholds-csv", type=click.Path(dir_okay=False, exists=True, path_type=str),
@@ -482,10 +493,10 @@ def _exit_if_skipped(summary):
 @click.option("--allow-folder", is_flag=True, help="Accept folders as TARGETS and tag the images in them, recursively.")
 @click.option("--folder-filters", default=DEFAULT_FOLDER_FILTERS, show_default=True,
               help="Comma-separated file-name patterns for the images in folders.")
-@click.option("--general-threshold", type=click.FloatRange(0.0, 1.0),
+@click.option("--general-threshold", type=FiniteFloatRange(0.0, 1.0),
               help="Threshold of the general tags (categories.json beside tags.txt says which, or the "
                    "<name>.categories.json import-model wrote beside --model-path).")
-@click.option("--character-threshold", type=click.FloatRange(0.0, 1.0),
+@click.option("--character-threshold", type=FiniteFloatRange(0.0, 1.0),
               help="Threshold of the character tags (categories.json beside tags.txt says which, or the "
                    "<name>.categories.json import-model wrote beside --model-path).")
 @click.option("--undesired-tags", default="", metavar="TAG,TAG", help="Comma-separated tags never reported.")
@@ -606,7 +617,7 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
 @click.argument("output", cls=PositionalAlias, target="save_path", type=click.Path(file_okay=False, path_type=str))
 @click.option("--save-path", default=".", show_default=True, type=click.Path(file_okay=False, path_type=str),
               help="Folder for the pictures (DeepDanbooru's third argument OUTPUT_PATH also works).")
-@click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0.0, 1.0),
+@click.option("--threshold", default=0.5, show_default=True, type=FiniteFloatRange(0.0, 1.0),
               help="Explain the tags whose score is at least this.")
 @_ALLOW_GPU
 def grad_cam(project_path, target, save_path, threshold, allow_gpu):
@@ -635,7 +646,7 @@ def grad_cam(project_path, target, save_path, threshold, allow_gpu):
 @click.option("--optimize-experimental-sparsity", is_flag=True, help="TFLite Optimize.EXPERIMENTAL_SPARSITY.")
 @click.option("--format", "output_format", type=click.Choice(["tflite", "onnx"]),
               help="Default: onnx when --save-path ends in .onnx, else tflite. ONNX needs deepdanbooru[onnx].")
-@click.option("--tolerance", type=click.FloatRange(min=0.0),
+@click.option("--tolerance", type=FiniteFloatRange(min=0.0),
               help="Largest accepted output difference from Keras [default: 1e-4; 0.05 with --optimize-default].")
 @click.option("--sample-image", "sample_images", multiple=True, type=click.Path(dir_okay=False, path_type=str),
               help="Also compare on this image (repeatable), preprocessed as evaluate does.")

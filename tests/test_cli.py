@@ -36,7 +36,14 @@ def test_usage_errors_are_one_line_that_says_where_the_options_are():
             (["evaluate"], "error: Missing argument 'TARGETS...' (main evaluate --help lists the options)"),
             (["train"], "error: No such command 'train'. Did you mean 'train-project'? (main --help lists the "
                         "commands)"),
-            (["--bogus"], "error: No such option '--bogus' (main --help lists the options)")):
+            (["--bogus"], "error: No such option '--bogus' (main --help lists the options)"),
+            # nan passes every range comparison: with it conv2tflite's check could never fail.
+            (["conv2tflite", "--project-path", "p", "--save-path", "m.tflite", "--tolerance", "nan"],
+             "error: Invalid value for '--tolerance': 'nan' is not a finite number (main conv2tflite --help lists "
+             "the options)"),
+            (["grad-cam", "p", "x.png", "--threshold", "inf"],
+             "error: Invalid value for '--threshold': inf is not in the range 0.0<=x<=1.0 (main grad-cam --help "
+             "lists the options)")):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and result.output.splitlines() == [line], result.output
 

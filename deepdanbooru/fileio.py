@@ -19,6 +19,9 @@ def create_beside(path: Path) -> tuple[int, Path]:
             return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temporary
         except FileExistsError:
             continue
+        except OSError as error:
+            # Named after the file being written, not the hidden one (a read-only folder, a full disk).
+            raise OSError(error.errno, error.strerror, str(path)) from None
 
 
 def write_bytes_atomic(path, content: bytes) -> None:

@@ -28,3 +28,11 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         write_bytes_atomic(target, "not bytes")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.bin"]
+
+
+def test_a_folder_that_refuses_the_file_is_reported_with_the_file_s_own_name(tmp_path):
+    (tmp_path / "plain").write_text("a file, not a folder")
+    target = tmp_path / "plain" / "tags.txt"
+    with pytest.raises(NotADirectoryError) as raised:
+        write_text_atomic(target, "a\n")
+    assert raised.value.filename == str(target) and raised.value.strerror == "Not a directory"

@@ -277,6 +277,17 @@ def test_save_txt_joins_tags_with_commas(project, images):
     assert images["yellow"].with_suffix(".txt").read_text() == "red, green"
 
 
+@pytest.mark.parametrize("mode", [[], ["--append"], ["--overwrite"]])
+def test_two_images_that_would_write_one_caption_are_refused_before_any_is_written(project, tmp_path, mode):
+    folder = tmp_path / "shots"
+    red, green = solid(folder / "a.png", (255, 0, 0)), solid(folder / "a.bmp", (0, 255, 0))
+    result = run_cli("evaluate", folder, "--project-path", project, "--allow-folder", "--folder-filters",
+                     "*.png,*.bmp", "--save-txt", *mode)
+    assert result.exit_code == 2 and not (folder / "a.txt").exists()
+    assert result.stderr == (f"error: {folder / 'a.txt'}: the caption of both {green} and {red} (a caption is named "
+                             "after its image without the extension); rename one of them\n")
+
+
 @pytest.mark.slow
 def test_save_txt_never_replaces_a_caption_without_overwrite_or_append(project, images):
     hand_written = images["yellow"].with_suffix(".txt")

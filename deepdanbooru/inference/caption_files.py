@@ -42,13 +42,21 @@ def existing_captions(images, options: CaptionOptions) -> dict[Path, str]:
 
     Without --overwrite or --append an existing caption, which may be
     hand-written, is never replaced: the run is refused before it starts.
+    So is a run where two images would write one caption file.
     """
     existing: dict[Path, str] = {}
     refused = []
+    claimed: dict[Path, Path] = {}
     for image in images:
         path = sidecar_path(image, options.extension)
         if path == Path(image):
             raise CaptionError(f"{image}: --save-txt would overwrite the image itself with its tags")
+        if path in claimed:
+            # a.png and a.jpg: one caption file, which a trainer would read for both.
+            raise CaptionError(file_field(path, None, (
+                f"the caption of both {claimed[path]} and {image} (a caption is named after its image without the "
+                "extension); rename one of them")))
+        claimed[path] = Path(image)
         if not path.exists():
             continue
         if not path.is_file():

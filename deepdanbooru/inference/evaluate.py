@@ -110,8 +110,6 @@ def evaluate(targets, options: TaggingOptions = TaggingOptions(), *, project_pat
                                 captions.separator)
             try:
                 write_text_atomic(sidecar, text)
-                if captions.append:
-                    existing[sidecar] = text  # a.png and a.jpg share a.txt
             except OSError as error:
                 raise TargetError(f"{sidecar}: cannot write the tags (--save-txt): {error.strerror or error}") from None
         summary.tagged += 1

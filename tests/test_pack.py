@@ -634,6 +634,12 @@ def test_a_damaged_validation_record_is_a_named_bad_image(with_validation):
     assert tracker.finish(0, len(scoring.paths)) == 1
     ((_, path, reason),) = tracker.last_bad
     assert path.endswith(key) and reason.startswith(f"cannot be decoded: its record in {shard} at byte {offset - 12:,}")
+    # pack --verify reads the validation part too.
+    result = CliRunner().invoke(main, ["pack", str(project), "--verify"])
+    assert result.exit_code == exitcodes.FAILED, result.output
+    assert f"bad record: validation {key}: cannot be decoded: its record in {shard} at byte {offset - 12:,}" in \
+        result.output
+    assert "(training and validation parts)" in result.output and result.output.endswith(": 1 bad\n")
 
 
 def test_a_missing_validation_shard_falls_back_with_a_notice_and_pack_restores_it(with_validation):

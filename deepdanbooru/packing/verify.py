@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepdanbooru.errors import TrainingError, file_field
-from deepdanbooru.project.shards import MANIFEST, SHARDS_DIR, read_shard_set
+from deepdanbooru.project.shards import MANIFEST, SHARDS_DIR, read_shard_json, read_shard_set
 from deepdanbooru.wording import plural
 
 
@@ -36,14 +36,20 @@ def verify_shards(project_dir, echo=print, progress=contextlib.nullcontext) -> V
     if not (directory / MANIFEST).is_file():
         raise TrainingError(file_field(directory / MANIFEST, None, "no finished shard set to verify (run "
                                                                    f"`deepdanbooru pack {project_dir}` first)"))
-    index = read_shard_set(directory, prefix="")
-    reader = ShardReader(index)
+    manifest = read_shard_json(directory / MANIFEST)
+    # The training part, and the validation part that scoring reads (both are read as training reads them).
+    parts = [("", read_shard_set(directory, prefix="", manifest=manifest))]
+    if isinstance(manifest.get("validation"), dict):
+        parts.append(("validation ", read_shard_set(directory, prefix="", manifest=manifest["validation"])))
     summary = VerifySummary()
-    keys = list(index.locations)
-    echo(f"Verifying {plural(len(keys), 'record')} in {plural(len(index.files), 'shard')} of {directory}")
-    with progress(keys) as walk:
-        for key in walk:
-            _check(key, index, reader, summary, tf, FEATURES)
+    walked = [(label, index, reader, key) for label, index in parts
+              for reader in [ShardReader(index)] for key in index.locations]
+    files = sum(len(index.files) for _, index in parts)
+    echo(f"Verifying {plural(len(walked), 'record')} in {plural(files, 'shard')} of {directory}"
+         + (" (training and validation parts)" if len(parts) > 1 else ""))
+    with progress(walked) as walk:
+        for label, index, reader, key in walk:
+            _check(label, key, index, reader, summary, tf, FEATURES)
     summary.seconds = time.perf_counter() - began
     for line in summary.bad:
         echo(f"bad record: {line}")
@@ -52,7 +58,7 @@ def verify_shards(project_dir, echo=print, progress=contextlib.nullcontext) -> V
     return summary
 
 
-def _check(key, index, reader, summary, tf, features) -> None:
+def _check(label, key, index, reader, summary, tf, features) -> None:
     problem = index.known_reason(key) or reader.damage(key)
     if problem is None:
         try:
@@ -61,5 +67,5 @@ def _check(key, index, reader, summary, tf, features) -> None:
             number, offset, _ = index.locations[key]
             problem = f"its record in {index.files[number]} at byte {offset:,} is not a packed Example"
     if problem is not None:
-        summary.bad.append(f"{key}: {problem}")
+        summary.bad.append(f"{label}{key}: {problem}")
     summary.records += 1

@@ -181,7 +181,7 @@ class ShardIndex:
         return None
 
 
-def _read_json(path: Path) -> dict:
+def read_shard_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -211,7 +211,7 @@ def open_shards(root, config, tags_path, records) -> ShardIndex | None:
         raise TrainingError(file_field(
             directory, None, f"packing did not finish (no {MANIFEST}); finish it with `{rebuild}`, or delete the "
                              "folder to train from the original images"))
-    manifest = _read_json(manifest_path)
+    manifest = read_shard_json(manifest_path)
     packed = manifest.get("made_from", {})
     current = made_from(root, config, tags_path, records)
     reasons = stale_reasons(packed, current)
@@ -228,10 +228,10 @@ def read_shard_set(directory, prefix: str, rebuild: str | None = None, manifest:
     """The indexes of the shard set in `directory` (whose manifest is finished), keyed by prefix + key."""
     directory = Path(directory)
     rebuild = rebuild or rebuild_command(directory.parent)
-    manifest = manifest if manifest is not None else _read_json(directory / MANIFEST)
+    manifest = manifest if manifest is not None else read_shard_json(directory / MANIFEST)
     files, sizes, locations, bad, truncated = [], [], {}, {}, {}
     for number, entry in enumerate(manifest.get("shards", [])):
-        index = _read_json(directory / entry["index"])
+        index = read_shard_json(directory / entry["index"])
         files.append(directory / entry["file"])
         sizes.append(int(index["bytes"]))
         for key, offset, length in index["records"]:
@@ -261,7 +261,7 @@ def scoring_shards(root, config, records, size) -> tuple[ShardIndex | None, str 
         return None, None
     rebuild = rebuild_command(root)
     fallback = "the pictures are read from their original files"
-    manifest = _read_json(manifest_path)
+    manifest = read_shard_json(manifest_path)
     part = manifest.get("validation")
     if not isinstance(part, dict):
         return None, (f"notice: {directory} has no validation part (packed before validation pictures were "

@@ -287,6 +287,16 @@ def test_best_value_survives_a_checkpoint_round_trip(tmp_path):
                         "replaced at the next validation"
     assert changed.best is None
 
+    # The validation split changed: the saved value was measured on other posts, so the next validation replaces it.
+    moved = BestModelMonitor(path, "macro_f1", tags, echo=lines.append)
+    tf.train.Checkpoint(best=moved.state).restore(prefix)
+    moved.on_train_begin(replace(run_info(tmp_path, resumed_at=1, model=model), split_changed=True))
+    assert moved.best is None
+    mark(model, 3)
+    logs = {}
+    moved.on_validation(report(3, macro_f1=0.4), logs)
+    assert logs["best"]["value"] == 0.4 and saved_mark(path) == 3
+
 
 def test_the_start_of_a_fine_tune_is_the_first_best_and_best_json_keeps_it(tmp_path):
     model = tiny_model()

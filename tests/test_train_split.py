@@ -47,3 +47,26 @@ def test_known_values_are_stable():
     # Pinned: changing the hash would silently move posts between train and validation on upgrade.
     assert validation_mask(np.arange(1, 21), 0.25, seed=0).nonzero()[0].tolist() == [0, 3, 4, 17]
     assert validation_mask(np.arange(1, 21), 0.25, seed=7).nonzero()[0].tolist() == [0, 6, 7, 11, 14, 15, 17, 18]
+
+
+def test_a_changed_split_counts_the_validation_posts_trained_on_before():
+    from deepdanbooru.scoring.split import split_change
+
+    records = _records(range(1, 201))
+    before = {"validation_fraction": 0.1, "seed": 0}
+    train, validation = split_records(records, 0.3, 0)
+    old_train, old_validation = split_records(records, 0.1, 0)
+    seen = len(set(validation.ids) - set(old_validation.ids))
+    assert seen > 0 and set(old_validation.ids) <= set(validation.ids)  # the split only grows with the fraction
+    assert split_change(records, validation, 0.3, 0, before, "p/project.json") == (
+        f"warning: p/project.json: the validation split changed (validation_fraction 0.1 -> 0.3): {seen} of its "
+        f"{len(validation)} posts were trained on before, so validation will overstate the model; the best model is "
+        "chosen afresh (put the old values back to keep the split the run started with)")
+    # Shrunk: every post still held out was held out before.
+    assert split_change(records, old_validation, 0.1, 0, {"validation_fraction": 0.3, "seed": 0}, "p") == (
+        f"notice: p: the validation split changed (validation_fraction 0.3 -> 0.1); none of its "
+        f"{len(old_validation)} posts was trained on, and the best model is chosen afresh")
+    assert split_change(records, validation, 0.3, 0, {"validation_fraction": 0.3, "seed": 0}, "p") is None
+    assert split_change(records, validation, 0.3, 0, {"records_hash": "x"}, "p") is None  # written before the record
+    assert "seed 0 -> 5" in split_change(records, split_records(records, 0.3, 5)[1], 0.3, 5,
+                                         {"validation_fraction": 0.3, "seed": 0}, "p")

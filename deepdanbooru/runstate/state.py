@@ -85,11 +85,11 @@ def _shown(blocks: int | None) -> str:
 
 def write_state_json(checkpoint_dir, checkpoint_path: str, counters: Counters, identity: RunIdentity,
                      *, complete: bool, epoch_count: int, train_records: int, records_hash: str = "",
-                     network: dict | None = None) -> Path:
+                     network: dict | None = None, split: dict | None = None) -> Path:
     path = Path(checkpoint_dir) / STATE_FILE
     data = {"version": STATE_VERSION, "checkpoint": Path(checkpoint_path).name, **asdict(counters),
             "complete": complete, **asdict(identity), "epoch_count": epoch_count,
-            "train_records": train_records, "records_hash": records_hash, **(network or {})}
+            "train_records": train_records, "records_hash": records_hash, **(network or {}), **(split or {})}
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
     return path
 

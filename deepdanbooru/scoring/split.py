@@ -58,3 +58,29 @@ def split_for_run(records, validation_fraction: float, seed: int, saved_state: d
     return id_train, id_validation, (
         f"notice: {records.database_path}: posts.split_id is ignored for this run, which started before it "
         "was set; delete the checkpoints to train on the grouped split")
+
+
+def split_change(records, validation, validation_fraction: float, seed: int, saved_state: dict | None,
+                 config_path) -> str | None:
+    """A line when the split settings changed since the saved state (checkpoints/state.json) was written: the
+    validation posts the run trained on before, which validation then counts in the model's favour. None when
+    they did not change, or the state predates their record."""
+    if saved_state is None or "validation_fraction" not in saved_state or "seed" not in saved_state:
+        return None
+    before = (saved_state["validation_fraction"], saved_state["seed"])
+    if before == (validation_fraction, seed):
+        return None
+    changed = ", ".join(f"{name} {old} -> {new}" for name, old, new in
+                        (("validation_fraction", before[0], validation_fraction), ("seed", before[1], seed))
+                        if old != new)
+    try:
+        trained, _ = split_records(records, float(before[0]), int(before[1]))
+    except (TypeError, ValueError):
+        return None
+    seen = len(set(validation.ids) & set(trained.ids))
+    if not seen:
+        return (f"notice: {config_path}: the validation split changed ({changed}); none of its "
+                f"{len(validation)} posts was trained on, and the best model is chosen afresh")
+    return (f"warning: {config_path}: the validation split changed ({changed}): {seen} of its {len(validation)} "
+            "posts were trained on before, so validation will overstate the model; the best model is chosen afresh "
+            "(put the old values back to keep the split the run started with)")

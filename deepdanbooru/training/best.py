@@ -129,6 +129,8 @@ class BestModelMonitor(Monitor):
             self.echo(f"notice: best_model_metric changed from {saved.metric} to {self.metric}; "
                       f"{self.path.name} will be replaced at the next validation")
             return
+        if run.split_changed:  # said at the start (scoring.split.split_change)
+            return
         written = _best_json(self.path, self.metric)
         if written is not None and run.resumed_from and written.used_minibatch <= run.start.used_minibatch and \
                 is_improvement(self.metric, written.value, saved.value):

@@ -154,4 +154,5 @@ class CheckpointKeeper:
             return
         write_state_json(run.paths.checkpoints, checkpoint, counters, run.identity, complete=complete,
                          epoch_count=run.schedule.epoch_count, train_records=run.schedule.train_records,
-                         records_hash=run.records_hash, network=run.network.mirror())
+                         records_hash=run.records_hash, network=run.network.mirror(),
+                         split={"validation_fraction": run.config.validation_fraction, "seed": run.config.seed})

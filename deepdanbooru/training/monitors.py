@@ -55,6 +55,7 @@ class RunInfo:
     model: Any = None  # the keras.Model being trained, for monitors that export it; they must not change it
     parameters: tuple[int, int] | None = None  # (trainable, non-trainable) of the network that trains
     best_export: Path | None = None  # model-<name>.best.keras, named as the run's exports (project.paths)
+    split_changed: bool = False  # the validation split is not the one the resumed checkpoint was validated on
 
 
 @dataclass
@@ -322,9 +323,10 @@ def validation_plan_line(run: RunInfo) -> str:
     if run.validation_records:
         every = (f"after every {run.validation_frequency_slices} slice(s) and at each epoch end"
                  if run.validation_frequency_slices else "at each epoch end")
+        held = "not trained on from here on (the split changed since the checkpoint)" if run.split_changed else \
+            "never trained on"
         return (f"Validation: {run.validation_records} records held out (validation_fraction "
-                f"{run.validation_fraction:g}), never trained on; validated {every}; best model by "
-                f"{run.best_model_metric}")
+                f"{run.validation_fraction:g}), {held}; validated {every}; best model by {run.best_model_metric}")
     if run.validation_fraction > 0:
         return (f"Validation: off, validation_fraction {run.validation_fraction:g} selected none of the "
                 f"{run.train_records} eligible records; raise it in {where} or add posts")

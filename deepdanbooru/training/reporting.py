@@ -101,4 +101,5 @@ class RunReport:
             validation_frequency_slices=schedule.validation_every,
             best_model_metric=config.best_model_metric, config_path=config.config_path,
             trust_warning=plan.trust_warning if plan.role.is_chief else None,
-            model=model, best_export=plan.paths.best_export(network.exports))
+            model=model, best_export=plan.paths.best_export(network.exports),
+            split_changed=plan.split_changed is not None)

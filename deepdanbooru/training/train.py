@@ -51,13 +51,14 @@ class TrainingPlan:
     shards: ShardIndex | None = None  # the packed pictures (deepdanbooru pack), when the project has them
     source_tags_file: Path | None = None  # --source-tags, kept with the source in checkpoints/start.json
     start_note: str | None = None  # a --source-model taken from checkpoints/start.json (training.source)
+    split_changed: str | None = None  # the validation split changed since the checkpoint (scoring.split)
 
 
 def plan_training(project_dir, source_model=None, force_mixed_precision: bool = False,
                   devices: str | None = None, source_tags=None, time_limit: float | None = None,
                   time_limit_text: str | None = None) -> TrainingPlan:
     from deepdanbooru.runstate.state import read_state_json
-    from deepdanbooru.scoring.split import split_for_run
+    from deepdanbooru.scoring.split import split_change, split_for_run
 
     # First: the limit counts the whole command, start-up included.
     budget = TimeBudget(time_limit, time_limit_text) if time_limit is not None else None
@@ -102,8 +103,10 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
             f"no eligible records (file_ext in {', '.join(config.image_extensions)} and tag_count_general >= "
             f"{config.minimum_tag_count}); lower minimum_tag_count in {config.config_path} or fill the database"))
     shards = training_shards(paths.root, config, paths.tags, records)
-    train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed,
-                                                  read_state_json(paths.checkpoints)[0])
+    saved_state = read_state_json(paths.checkpoints)[0]
+    train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed, saved_state)
+    split_changed = split_change(records, validation, config.validation_fraction, config.seed, saved_state,
+                                 config.config_path) if (paths.checkpoints / "checkpoint").is_file() else None
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",
@@ -112,7 +115,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
                                         ((True, t) for t in validation.tag_strings)), tags)
     return TrainingPlan(config, paths, tags, train, validation, source_model, known_tags, source,
                         force_mixed_precision, device_choice, role, split_note=split_note, time_budget=budget,
-                        shards=shards, start_note=start_note,
+                        shards=shards, start_note=start_note, split_changed=split_changed,
                         source_tags_file=Path(source_tags) if source_tags is not None else None,
                         trust_warning=trust_warning(stats, config.validation_fraction, config.config_path))
 
@@ -154,6 +157,8 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
         echo(plan.start_note)
     if plan.split_note:
         echo(plan.split_note)
+    if plan.split_changed and plan.role.is_chief:
+        echo(plan.split_changed)
     if plan.shards is not None:
         echo(f"Pictures: packed, from {plan.shards.directory}")
         for warning in plan.shards.warnings():

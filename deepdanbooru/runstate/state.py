@@ -46,6 +46,13 @@ class Counters:
     random_seed: int = 0
     epoch_bad_images: int = 0
 
+    def next_epoch(self) -> None:
+        """Move to the start of the next epoch: its shuffle seed is the next one, nothing of it trained yet."""
+        self.used_epoch += 1
+        self.random_seed += 1
+        self.offset = 0
+        self.epoch_bad_images = 0
+
 
 @dataclass(frozen=True)
 class RunIdentity:

@@ -53,6 +53,7 @@ from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
 from deepdanbooru.training.sharding import (WorkerSums, check_same_setup, every_worker_agrees, leave_together,
                                             setup_fingerprints)
 from deepdanbooru.training.slices import SliceRunner
+from deepdanbooru.training.source import claim_project
 from deepdanbooru.training.start import measure_start
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import check_global_batch, describe_strategy, synchronize_batch_norm
@@ -124,7 +125,7 @@ class SliceTrainer:
                 if self.config.ema_decay else None
         if self.role.is_chief:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
-            self.paths.logs.mkdir(parents=True, exist_ok=True)
+            claim_project(plan, self.latest)
         synchronize_batch_norm(self.model, strategy)
         self.jit_compile = prepare_for_xla(self.config.jit_compile, self.model, strategy.num_replicas_in_sync, echo)
         # What every checkpoint records and every line names: the network that trains, and its source.
@@ -179,8 +180,10 @@ class SliceTrainer:
         for monitor in self.monitors:
             monitor.on_train_begin(report.run_info(self.model, self.policy, self.latest, self.network))
         if schedule.trained_out(c.used_epoch, c.offset):
-            self.echo(f"Training already complete ({schedule.epoch_count} of {schedule.epoch_count} epochs); "
-                      f"writing the exports again. Raise epoch_count in {self.config.config_path} to train further")
+            self.echo(already_complete(schedule, c, self.config.config_path))
+            if c.used_epoch >= schedule.epoch_count and c.offset >= schedule.train_records:
+                c.next_epoch()  # epoch_count was lowered: the epoch the last checkpoint finished counts
+                self.report.position = 0
         if not self.latest:
             # A fine-tune's history and best model start where the source stands (training.start).
             measure_start(self.plan, self.outputs, report.progress(), self.echo)
@@ -254,11 +257,8 @@ class SliceTrainer:
 
     def _end_epoch(self) -> None:
         c = self.counters
-        c.used_epoch += 1
-        c.random_seed += 1
-        c.offset = 0
+        c.next_epoch()
         self.report.position = 0
-        c.epoch_bad_images = 0
         logs: dict = {}
         for monitor in self.monitors:
             monitor.on_epoch_end(self.report.progress(), logs)
@@ -277,6 +277,17 @@ class SliceTrainer:
             f"non-finite loss at step {step} (epoch {self.counters.used_epoch + 1}); training stopped and "
             f"{kept}. Lower the learning rate (now {self.report.rate()}"
             ") or set gradient_clip_norm, then run train-project again"))
+
+
+def already_complete(schedule, counters, config_path) -> str:
+    """What a run over a project trained to its epoch_count (or past it, the count lowered since) says."""
+    trained = counters.used_epoch + (counters.offset >= schedule.train_records)
+    if trained > schedule.epoch_count:
+        return (f"Training already complete: {trained} epochs trained, more than epoch_count {schedule.epoch_count} "
+                f"in {config_path}; writing the exports of those {trained} epochs again (a shorter run needs a new "
+                "project)")
+    return (f"Training already complete ({schedule.epoch_count} of {schedule.epoch_count} epochs); writing the "
+            f"exports again. Raise epoch_count in {config_path} to train further")
 
 
 def train(plan, strategy, monitors, echo=print) -> Counters:

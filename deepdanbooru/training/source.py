@@ -62,6 +62,14 @@ def record_start(checkpoints, source_model, source_tags) -> None:
     write_text_atomic(Path(checkpoints) / START_FILE, json.dumps(payload, indent=2) + "\n")
 
 
+def claim_project(plan, latest: str | None) -> None:
+    """Once the model is made (a refused --source-model leaves the project as it was): the logs folder, and for
+    a fresh run from --source-model, checkpoints/start.json."""
+    plan.paths.logs.mkdir(parents=True, exist_ok=True)
+    if plan.source_model is not None and not latest:
+        record_start(plan.paths.checkpoints, plan.source_model, plan.source_tags_file)
+
+
 def recorded_start(checkpoints) -> tuple[str, str | None] | None:
     """(source model, source tags or None) of a run from --source-model that stopped before its first checkpoint;
     None when the project has a checkpoint, or its run did not start from a source."""

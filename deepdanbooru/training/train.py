@@ -25,7 +25,7 @@ from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_rol
 from deepdanbooru.runstate.lock import TrainingLock
 from deepdanbooru.training.budget import TimeBudget
 from deepdanbooru.training.source import (
-    START_FILE, SourceModel, check_input_size, check_resumed_source, read_source_model, record_start, recorded_start,
+    START_FILE, SourceModel, check_input_size, check_resumed_source, read_source_model, recorded_start,
 )
 
 
@@ -186,8 +186,6 @@ def train_project(project_dir, source_model=None, force_mixed_precision: bool = 
             # Holding the lock, any partial export or checkpoint left here belongs to a dead run.
             remove_partial_exports(plan.paths.root)
             remove_partial_checkpoints(plan.paths.checkpoints)
-            if plan.source_model is not None and not (plan.paths.checkpoints / "checkpoint").is_file():
-                record_start(plan.paths.checkpoints, plan.source_model, plan.source_tags_file)
         with cluster_failures(plan.role, plan.paths.checkpoints):
             if plan.role.in_cluster:
                 echo(f"Cluster: {plan.role.describe()}; waiting until every task in TF_CONFIG has started")

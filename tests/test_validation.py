@@ -155,6 +155,23 @@ def test_interrupted_runs_leave_the_same_history_tensorboard_and_best_model(vali
     assert lines[-1] == validated[1][-1]  # the same final validation line
 
 
+@pytest.mark.slow
+def test_a_console_line_spanning_a_resume_averages_the_steps_an_uninterrupted_run_s_does(tmp_path, sample_dataset):
+    """Lines every 2 steps, checkpoints at steps 2, 4, 5 (the epoch's short last slice), 7...: killed after the
+    line of step 6, the run resumes at 5, and its line of step 6 still averages steps 5 and 6."""
+    settings = dict(VALIDATED, console_logging_frequency_mb=2)
+    reference = make_project(tmp_path / "reference", *sample_dataset, **settings)
+    train_project(reference, echo=lambda *_: None)
+    project = make_project(tmp_path / "p", *sample_dataset, **settings)
+    monitors = build_monitors(plan_training(project), echo=lambda *_: None) + [Killer("step", 6)]
+    with pytest.raises(Killed):
+        train_project(project, echo=lambda *_: None, monitors=monitors)
+    train_project(project, echo=lambda *_: None)
+    rows = [without_clock(read_history(p / "logs" / "history.jsonl")) for p in (project, reference)]
+    assert [row["used_minibatch"] for row in rows[1] if row["kind"] == "train"] == [2, 4, 6, 8, 10]
+    assert rows[0] == rows[1]
+
+
 def test_checkpoint_without_monitor_state_resumes_with_the_default_monitors(tmp_path, sample_dataset):
     """A checkpoint saved with other monitors (or before the best-model state existed) still resumes."""
     project = make_project(tmp_path / "p", *sample_dataset, **VALIDATED, epoch_count=1)

@@ -83,6 +83,15 @@ class CheckpointKeeper:
                                           model.variables + optimizer.variables, KEEP_CHECKPOINTS)
         self.saved: tuple[str, Counters] | None = None  # (path, counters) of the latest checkpoint, when known
 
+    def track_window(self, sums) -> None:
+        """Keep the step's sums since the last console line (training.step.StepSums.WINDOW) in every checkpoint, so
+        the first line after a resume averages the steps an uninterrupted run's does. Added after the restore:
+        TensorFlow restores them now, from a checkpoint that holds them (an older one leaves them at zero)."""
+        window = tf.Module(name="window")
+        for name in sums.WINDOW:
+            setattr(window, name, getattr(sums, name))
+        self.checkpoint.window = window
+
     @property
     def latest_checkpoint(self) -> str | None:
         return self.manager.latest_checkpoint

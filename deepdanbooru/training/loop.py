@@ -149,6 +149,7 @@ class SliceTrainer:
                               loss_scaled=self.policy == MIXED, ema=self.ema, jit_compile=self.jit_compile,
                               echo=echo)
         self.step.sums.step.assign(self.counters.used_minibatch)
+        self.keeper.track_window(self.step.sums)
         self.freeze = BackboneFreeze(self.model, inner, self.config.freeze_backbone_epochs,
                                      on_change=self.step.retrace, echo=echo,
                                      trains=f"trainable_blocks' {self.partial.part()}" if self.partial else "every layer")

@@ -252,7 +252,7 @@ def test_shards_of_another_project_are_refused_naming_it(packed, tmp_path, sampl
     database, tags = _copy_dataset(sample_dataset, tmp_path / "other_dataset")
     other = make_project(tmp_path / "other", database, tags[:-1])
     shutil.copytree(project / "shards", other / "shards")
-    with pytest.raises(TrainingError, match=rf"stale shards \(packed for another project, {project}\): they were "
+    with pytest.raises(TrainingError, match=rf"stale shards \(packed when the project was at {project}\): they were "
                                             r"labelled with another tags.txt"):
         plan_training(other)
     # A project moved (or copied) with its shards keeps them: they were made from the same things.

@@ -290,6 +290,14 @@ def test_recipe_keys_are_validated(tmp_path, values, message):
     assert message in str(caught.value)
 
 
+def test_a_refused_value_is_not_reported_again_as_its_default(tmp_path):
+    """lr_schedule "cosine" is refused; warmup_epochs is then not said to conflict with the default "steps"."""
+    with pytest.raises(ConfigError) as caught:
+        write_config(tmp_path, lr_schedule="cosine", warmup_epochs=2)
+    assert str(caught.value) == (f"{tmp_path / 'project.json'}: lr_schedule: must be one of steps, warmup_cosine, "
+                                 "got \"cosine\" (did you mean 'warmup_cosine'?)")
+
+
 def test_defaults_are_deepdanbooru_and_decay_defaults_for_adamw(tmp_path):
     config = write_config(tmp_path)
     assert (config.lr_schedule, config.ema_decay, config.head_bias_init, config.tag_loss_weights, config.decay) \

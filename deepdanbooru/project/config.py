@@ -610,6 +610,7 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None,
     # Every problem is collected, so one run names them all instead of one per attempt.
     problems: list[str] = []
     values: dict[str, Any] = {}
+    invalid: set[str] = set()  # keys whose value was refused: their default must not be reported as their value
     for key in KEYS:
         if key.name not in raw:
             values[key.name] = key.default
@@ -624,7 +625,8 @@ def parse_config(raw: Any, project_dir: Path, source: Path | None = None,
                 warnings.warn(f"{message} (not used by this command; fix it before training)", UserWarning,
                               stacklevel=2)
             values[key.name] = key.default
-    problems.extend(_combination_problems(raw, values, source, used))
+            invalid.add(key.name)
+    problems.extend(_combination_problems(raw, values, source, used - invalid, invalid))
     unknown = tuple(sorted(name for name in raw if name not in KEY_BY_NAME))
     for name in unknown:
         meant = _meant_keys(name)
@@ -653,11 +655,12 @@ def _project_path(value: str | None, project_dir: Path) -> Path | None:
     return path if path.is_absolute() else project_dir / path
 
 
-def _combination_problems(raw: dict, values: dict, source: Path, used: set) -> list[str]:
-    # Like a bad value, a combination is refused only by a command that reads the keys involved.
+def _combination_problems(raw: dict, values: dict, source: Path, used: set, invalid: set) -> list[str]:
+    # Like a bad value, a combination is refused only by a command that reads the keys involved, and not over a
+    # key whose own value was refused (that is reported already).
     problems = []
     for name, (owner, settings) in USED_ONLY_WITH.items():
-        if name in used and raw.get(name) is not None and values[owner] not in settings:
+        if name in used and owner not in invalid and raw.get(name) is not None and values[owner] not in settings:
             problems.append(file_field(source, name, f"is used only with {owner} {' or '.join(settings)}, but "
                                                      f"{owner} is {_show(values[owner])}; remove it or change "
                                                      f"{owner}"))

@@ -217,7 +217,7 @@ def open_shards(root, config, tags_path, records) -> ShardIndex | None:
     reasons = stale_reasons(packed, current)
     if reasons:
         origin = packed.get("project")
-        other = f" (packed for another project, {origin})" if origin and origin != current["project"] else ""
+        other = f" (packed when the project was at {origin})" if origin and origin != current["project"] else ""
         raise TrainingError(file_field(
             manifest_path, None, f"stale shards{other}: they {'; they '.join(reasons)}; rebuild them with "
                                  f"`{rebuild}`"))

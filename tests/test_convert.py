@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from deepdanbooru.cli import main
+from deepdanbooru.errors import UserError
 
 tf = pytest.importorskip("tensorflow")
 
@@ -191,7 +192,13 @@ def test_format_follows_the_file_name_unless_given():
     assert choose_format("m.onnx") == "onnx"
     assert choose_format("m.tflite") == "tflite"
     assert choose_format("m.bin") == "tflite"
-    assert choose_format("m.onnx", "tflite") == "tflite"
+    assert choose_format("m.bin", "onnx") == "onnx" and choose_format("m.onnx", "onnx") == "onnx"
+    # A name of the other format would be opened as what the file is not.
+    with pytest.raises(UserError, match=r"^--save-path m.tflite: names a TFLite file, but --format onnx writes an "
+                                        r"ONNX model; name it .onnx, or leave --format out$"):
+        choose_format("m.tflite", "onnx")
+    with pytest.raises(UserError, match="--save-path m.ONNX: names an ONNX file, but --format tflite writes a TFLite"):
+        choose_format("m.ONNX", "tflite")
 
 
 @pytest.mark.slow

@@ -49,9 +49,17 @@ class ConversionReport:
 
 
 def choose_format(save_path, output_format=None) -> str:
+    """--format, or the one --save-path's extension names; a .tflite or .onnx name of the other format is refused
+    (the file would be opened as what it is not)."""
+    suffix = Path(save_path).suffix.lower()
     if output_format is not None:
+        named = {".tflite": "tflite", ".onnx": "onnx"}.get(suffix, output_format)
+        if named != output_format:
+            kinds = {"onnx": "an ONNX", "tflite": "a TFLite"}
+            raise UserError(f"--save-path {save_path}: names {kinds[named]} file, but --format {output_format} "
+                            f"writes {kinds[output_format]} model; name it .{output_format}, or leave --format out")
         return output_format
-    return "onnx" if Path(save_path).suffix.lower() == ".onnx" else "tflite"
+    return "onnx" if suffix == ".onnx" else "tflite"
 
 
 def default_tolerance(optimize_default: bool) -> float:

@@ -51,6 +51,10 @@ class _Group(VocabularyGroup):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             _usage_error(ctx, error)
+        except BrokenPipeError:
+            # The reader stopped reading (`deepdanbooru make-tags P | head -1`): nothing to report, nowhere to say it.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(exitcodes.BROKEN_PIPE)
         except (OSError, MemoryError) as error:
             # What the file system or the memory refused (a read-only folder, a full disk, a batch too large):
             # one line naming the file, as for bad input.

@@ -169,3 +169,15 @@ def test_entry_point_skips_the_interpreter_shutdown_after_tensorflow_with_output
     assert created.returncode == 0 and "interpreter shutdown ran" in created.stderr
     again = _entry("create-project", str(tmp_path / "p"))
     assert again.returncode == 2 and "interpreter shutdown ran" in again.stderr
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
+    """`deepdanbooru ... | head -1`: no 'error: Broken pipe' line, the exit code shells give a SIGPIPE."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader went away before the first line
+    with open(write, "wb") as stdout:
+        result = subprocess.run([sys.executable, "-c", _ENTRY, "make-sample-dataset", str(tmp_path / "d"),
+                                 "--count", "2", "--size", "16"], stdout=stdout, stderr=subprocess.PIPE, text=True)
+    assert result.returncode == 141 and "error" not in result.stderr and "Traceback" not in result.stderr, result.stderr

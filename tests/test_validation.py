@@ -252,7 +252,7 @@ def test_evaluate_project_metrics_match_the_exports(validated):
     ([], "Missing argument 'TARGET'"),
     (["image.jpg", "--split", "all"], "--split can only be used with --metrics"),
     (["--metrics", "--start-id", "9", "--end-id", "3"], "--start-id 9 is greater than --end-id 3"),
-    (["--metrics", "--split", "all", "--start-id", "1000"], "posts: no record in the eligible posts with 1000 <= id"),
+    (["--metrics", "--split", "all", "--start-id", "1000"], "posts: no record in the eligible posts with id >= 1000"),
     (["--metrics", "--model-path", "missing.keras"], "missing.keras: model file not found"),
 ])
 def test_evaluate_project_metrics_usage_errors(validated, arguments, message):

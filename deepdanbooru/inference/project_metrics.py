@@ -87,8 +87,8 @@ def select_records(config, split: str, start_id: int | None = None, end_id: int 
     if not chosen:
         where = f"the validation split (validation_fraction {config.validation_fraction:g})" \
             if split == "validation" else "the eligible posts"
-        limits = "" if start_id is None and end_id is None else f" with {low if start_id is not None else '...'} " \
-            f"<= id <= {high if end_id is not None else '...'}"
+        bounds = [f"id >= {start_id}"] * (start_id is not None) + [f"id <= {end_id}"] * (end_id is not None)
+        limits = f" with {' and '.join(bounds)}" if bounds else ""
         raise DatasetError(file_field(database, "posts", f"no record in {where}{limits}"))
     return records if len(chosen) == len(records) else records.subset(chosen)
 

@@ -341,8 +341,8 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
     from deepdanbooru.dataset.download import download_tags as download
 
     download(path, username, api_key, limit=limit, minimum_post_count=minimum_post_count, overwrite=overwrite,
-             allow_trained=allow_trained, base_url=base_url, echo=click.echo, notice=lambda line: click.echo(f"warning: {line}", err=True),
-             include_paid_tags=include_paid_tags)
+             allow_trained=allow_trained, base_url=base_url, echo=click.echo,
+             notice=lambda line: click.echo(f"warning: {line}", err=True), include_paid_tags=include_paid_tags)
 
 
 @main.command("import-images")

@@ -94,7 +94,8 @@ def test_the_command_a_time_limit_stop_prints_continues_the_source_models_run(tm
     assert checks["model"].status == "PASS"
     assert checks["model"].detail == (
         f"{NETWORK} (fine-tuned from --source-model {folder}, as the checkpoint records it, exported as {FINAL}; "
-        f"project.json's model vit_small_patch16 is not what trains): input 32x32x3, {counts}")
+        f"the source's network trains, not one built from project.json's model vit_small_patch16): input 32x32x3, "
+        f"{counts}")
     assert checks["checkpoint"].status == "PASS"
     assert checks["checkpoint"].detail.startswith(
         f"the next train-project will RESUME from {project / 'checkpoints' / 'ckpt-1'} (the network {NETWORK} "

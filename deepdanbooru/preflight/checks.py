@@ -116,8 +116,8 @@ def check_model(run: Run):
         counts = recorded["parameters"]
         exports = run.paths.final_export(run.paths.export_name(config.model)).name
         return PASS, (f"{recorded['network']} (fine-tuned from --source-model {recorded['source']}, as the "
-                      f"checkpoint records it, exported as {exports}; project.json's model {config.model} "
-                      f"is not what trains): "
+                      f"checkpoint records it, exported as {exports}; the source's network trains, not one built "
+                      f"from project.json's model {config.model}): "
                       f"input {config.image_height}x{config.image_width}x3, "
                       f"{counts['trainable']:,} trainable and {counts['non_trainable']:,} non-trainable parameters")
     table.check_model_input(config.model, config.input_shape, config.config_path)

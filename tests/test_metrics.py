@@ -444,3 +444,11 @@ def test_calibrated_macro_f1_below_macro_f1_is_the_rare_tags_at_the_global_thres
     assert lines[0] == "macro_f1, map: the 10 tags with a positive in the split, macro_f1 each at 0.5"
     assert lines[1].startswith("calibrated_macro_f1: the same 10: 1 at their own threshold (>= 10 positives; ")
     assert f"9 at global_threshold {result['global_threshold']:g} (fallback_tags_f1 " in lines[1]
+
+
+def test_the_mean_over_an_empty_group_of_tags_is_shown_as_none_not_zero():
+    from deepdanbooru.inference.project_metrics import _shown
+
+    scalars = {"calibrated_tags": 0, "calibrated_tags_f1": 0.0, "fallback_tags": 3, "fallback_tags_f1": 0.25}
+    assert _shown("calibrated_tags_f1", scalars) == "- (no calibrated tag)"
+    assert _shown("fallback_tags_f1", scalars) == "0.2500"

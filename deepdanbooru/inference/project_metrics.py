@@ -47,6 +47,18 @@ def coverage_lines(scalars: dict) -> list[str]:
     ]
 
 
+# A mean over a group of tags that may be empty: its 0 then measures nothing.
+_GROUP_MEANS = {"calibrated_tags_f1": "calibrated_tags", "calibrated_tags_f1_at_threshold": "calibrated_tags",
+                "fallback_tags_f1": "fallback_tags", "fallback_tags_f1_at_threshold": "fallback_tags"}
+
+
+def _shown(name: str, scalars: dict) -> str:
+    group = _GROUP_MEANS.get(name)
+    if group is not None and scalars.get(group) == 0:
+        return f"- (no {group.replace('_', ' ')[:-1]})"
+    return _format(scalars[name])
+
+
 @dataclass
 class MetricsSummary:
     model: Path
@@ -158,7 +170,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     names = [name for name in _LEAD if name in scalars] + [name for name in scalars if name not in _LEAD]
     width_ = max(len(name) for name in names)
     for name in names:
-        echo(f"{name:<{width_}}  {_format(scalars[name])}")
+        echo(f"{name:<{width_}}  {_shown(name, scalars)}")
     for line in coverage_lines(scalars):
         echo(f"over: {line}")
     return summary

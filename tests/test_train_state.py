@@ -41,6 +41,7 @@ def test_state_json_mirror(tmp_path):
     ({"model": "resnet_custom_v4"}, "model was 'resnet_small', now 'resnet_custom_v4'"),
     ({"image_height": 64}, "input size .* was 32x48, now 64x48"),
     ({"tags_hash": "b" * 64, "tag_count": 18}, r"tags.txt: content changed \(17 tags then, 18 now\)"),
+    ({"tags_hash": "b" * 64}, r"tags.txt: content changed \(17 tags then and now: other names or another order\)"),
 ])
 def test_identity_mismatch_is_refused_with_what_changed(change, message):
     current = RunIdentity(**{**IDENTITY.__dict__, **change})

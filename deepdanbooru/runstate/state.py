@@ -76,7 +76,9 @@ def check_identity(saved: RunIdentity, current: RunIdentity, checkpoint_dir, tag
         changes.append(f"{config_path}: input size (image_height x image_width) was "
                        f"{saved.image_height}x{saved.image_width}, now {current.image_height}x{current.image_width}")
     if saved.tags_hash != current.tags_hash:
-        changes.append(f"{tags_path}: content changed ({saved.tag_count} tags then, {current.tag_count} now)")
+        counts = (f"{saved.tag_count} tags then, {current.tag_count} now" if saved.tag_count != current.tag_count
+                  else f"{current.tag_count} tags then and now: other names or another order")
+        changes.append(f"{tags_path}: content changed ({counts})")
     if saved.trainable_blocks != current.trainable_blocks:
         changes.append(f"{config_path}: trainable_blocks was {_shown(saved.trainable_blocks)}, "
                        f"now {_shown(current.trainable_blocks)}")

@@ -280,8 +280,11 @@ def test_corrupt_images_fail_images_with_each_reason(project):
 def test_bad_images_beyond_three_are_counted(project):
     for post_id in range(1, 6):
         image_of(project, post_id).write_bytes(b"")
-    message = only_failure(training_preflight(project), "images")
-    assert message.startswith("5 unusable among") and message.endswith("; and 2 more")
+    results = training_preflight(project)
+    message = only_failure(results, "images")
+    assert message.startswith("5 unusable among") and message.endswith("; and 2 more (--format json lists every one)")
+    (images,) = [result for result in results if result.name == "images"]
+    assert [item.split(":")[0] for item in images.items] == [f"id {n} {image_of(project, n)}" for n in range(1, 6)]
 
 
 def test_image_over_the_pixel_limit_fails_images(project):
@@ -526,6 +529,7 @@ def test_cli_preflight_uses_the_same_checks(project):
     assert bad.exit_code == 1
     images = next(check for check in json.loads(bad.output)["checks"] if check["name"] == "images")
     assert images["detail"].endswith("empty file (0 bytes)")
+    assert images["items"] == [f"id 2 {image_of(project, 2)}: empty file (0 bytes)"]
     assert runner.invoke(main, ["preflight", str(project / "nope")]).exit_code == 2
     assert runner.invoke(main, ["preflight", str(project), "--max-image-checks", "-1"]).exit_code == 2
 

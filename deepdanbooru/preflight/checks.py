@@ -74,15 +74,17 @@ class Run:
 def run_checks(run: Run, checks) -> list[CheckResult]:
     results = []
     for name, check in checks:
+        items = ()
         try:
-            status, detail = check(run)
+            status, detail, *listed = check(run)
+            items = tuple(listed[0]) if listed else ()
         except _Skip as skip:
             status, detail = SKIP, str(skip)
         except UserError as error:
             status, detail = FAIL, str(error)
         except sqlite3.DatabaseError as error:
             status, detail = FAIL, f"{run.paths.root}: database error: {error}"
-        results.append(CheckResult(name, status, detail))
+        results.append(CheckResult(name, status, detail, items))
     return results
 
 
@@ -309,7 +311,7 @@ def check_images(run: Run):
     scope = (f"all {run.eligible:,} eligible images" if sampled == run.eligible
              else f"the first {sampled:,} of {run.eligible:,} eligible images (by id)")
     if bad:
-        return FAIL, f"{len(bad)} unusable among {scope}: {_first(bad)}"
+        return FAIL, f"{len(bad)} unusable among {scope}: {_first(bad)}", bad
     if not checked:
         raise _Skip("no sampled post has a safe md5")
     found = []
@@ -323,7 +325,8 @@ def check_images(run: Run):
                      + ("" if smallest == largest else f" to {largest[0]}x{largest[1]}"))
     summary = f"checked {scope}: " + "; ".join(found)
     if mismatched:
-        return WARN, summary + f"; {len(mismatched)} whose extension does not match the content: {_first(mismatched)}"
+        return (WARN, summary + f"; {len(mismatched)} whose extension does not match the content: "
+                f"{_first(mismatched)}", mismatched)
     return PASS, summary
 
 
@@ -366,7 +369,7 @@ def check_split(run: Run):
 def _first(problems: list[str]) -> str:
     shown = "; ".join(problems[:SHOWN_PROBLEMS])
     more = len(problems) - SHOWN_PROBLEMS
-    return shown + (f"; and {more} more" if more > 0 else "")
+    return shown + (f"; and {more} more (--format json lists every one)" if more > 0 else "")
 
 
 # --- training state -------------------------------------------------------------

@@ -16,6 +16,8 @@ class CheckResult:
     name: str
     status: str  # PASS, WARN, FAIL, or SKIP when a check it needs failed first
     detail: str
+    # Every problem found, where `detail` names the first few and counts the rest (--format json lists them).
+    items: tuple[str, ...] = ()
 
 
 def exit_code(results) -> int:
@@ -39,5 +41,5 @@ def render_json(project, results) -> str:
         "project": str(project),
         "ok": exit_code(results) == exitcodes.OK,
         "exit_code": exit_code(results),
-        "checks": [asdict(r) for r in results],
+        "checks": [{key: value for key, value in asdict(r).items() if key != "items" or value} for r in results],
     }, indent=2)

@@ -54,6 +54,9 @@ def _looks_truncated(image_format: int, data: bytes) -> bool:
     return False
 
 
+_JPEG_SIGNATURE, _START_OF_SCAN = b"\xff\xd8\xff", b"\xff\xda"
+
+
 def _ends_early(name: str, data: bytes) -> str:
     return f"{TRUNCATED}: {name} of {len(data):,} bytes ends early"
 
@@ -62,6 +65,10 @@ def diagnose_bytes(data: bytes, max_image_pixels: int) -> str | None:
     """Why the pipeline cannot use these bytes, or None when they decode."""
     if not data:
         return EMPTY
+    if data.startswith(_JPEG_SIGNATURE) and _START_OF_SCAN not in data:
+        # Cut off inside its header: libjpeg, asked, would also print "Improper call to JPEG library" on stderr.
+        return _ends_early("jpeg", data) if _looks_truncated(JPEG, data) else \
+            f"{UNDECODABLE}: jpeg holds no image data (no start-of-scan marker)"
     tensor = tf.constant(data)
     try:
         image_format, size = image_header(tensor)

@@ -97,27 +97,10 @@ def _size(height, width, frames=1):
     return tf.stack([tf.cast(height, tf.int64), tf.cast(width, tf.int64), tf.cast(frames, tf.int64)])
 
 
-# A JPEG's header ends at its start-of-scan marker. Bytes that stop before it leave libjpeg's header reader
-# waiting for more, and TensorFlow then calls on regardless: libjpeg writes "Improper call to JPEG library in
-# state 201" straight to stderr, once for every such picture read. Without the marker the header cannot be
-# read, so libjpeg is not asked.
-_START_OF_SCAN = b"\xff\xda"
-_SCAN_SEARCH_HEAD = 16384
-
-
 def _jpeg(data, head):
-    def shape():
-        # libjpeg reads the markers up to the frame header; no pixel is decoded.
-        return tf.concat([tf.image.extract_jpeg_shape(data, output_type=tf.int64)[:2], [1]], axis=0)
-
-    # The marker is nearly always in the first few KiB: the whole file is searched (copied) only when not.
-    scanned = tf.cond(_holds(tf.strings.substr(data, 0, _SCAN_SEARCH_HEAD), _START_OF_SCAN),
-                      lambda: tf.constant(True), lambda: _holds(data, _START_OF_SCAN))
-    return tf.cond(scanned, shape, lambda: _size(0, 0))
-
-
-def _holds(data, marker):
-    return tf.size(tf.strings.split(data, sep=marker, maxsplit=1)) > 1
+    # libjpeg reads the markers up to the frame header; no pixel is decoded.
+    shape = tf.image.extract_jpeg_shape(data, output_type=tf.int64)
+    return tf.concat([shape[:2], [1]], axis=0)
 
 
 def _png(data, head):
@@ -222,7 +205,7 @@ def image_header(data):
     """(format, int64 [height, width, frames]) declared by the encoded image `data` (a scalar string tensor).
 
     format is one of UNKNOWN, JPEG, PNG, GIF, BMP, WEBP (names in FORMAT_NAMES);
-    sizes are 0 when the header cannot be read (as a JPEG cut off before its scan). frames counts what the decoder
+    sizes are 0 when the header cannot be read. frames counts what the decoder
     would allocate (WebP animations decode every frame). A JPEG whose markers
     are corrupt raises InvalidArgumentError, like a failed decode.
     """

@@ -211,6 +211,11 @@ def test_a_bad_training_setting_does_not_stop_evaluate(project, images):
     (project / "project.json").write_text(json.dumps(config))
     result = run_cli("evaluate", images["red"], "--project-path", project)
     assert result.exit_code == 2 and "model: must be one of" in result.stderr
+    # With --model-path the project's `model` names nothing used: a warning.
+    result = run_cli("evaluate", images["red"], "--project-path", project, "--model-path",
+                     project / "model-resnet_small.keras")
+    assert result.exit_code == 0 and "model: must be one of" in result.stderr and "not used by this command" in \
+        result.stderr
 
 
 def test_a_missing_target_does_not_stop_the_others(project, images, tmp_path):

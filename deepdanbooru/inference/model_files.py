@@ -119,7 +119,9 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
     """--project-path alone, or --model-path with --tags-path (a project may supply what is missing)."""
     if project_path is None and model_path is None:
         raise ModelSourceError("give --project-path, or --model-path with --tags-path")
-    config = load_config(project_path, uses=MODEL_KEYS) if project_path is not None else None
+    # `model` only finds the project's own export: with --model-path a bad value of it is a warning, not a refusal.
+    uses = MODEL_KEYS if model_path is None else tuple(key for key in MODEL_KEYS if key != "model")
+    config = load_config(project_path, uses=uses) if project_path is not None else None
     recorded = None
     if model_path is not None and tags_path is None and config is None:
         tags_path = tags_beside(Path(model_path))

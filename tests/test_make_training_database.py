@@ -75,7 +75,7 @@ def test_chunked_copy_equals_single_chunk(tmp_path, chunk_size):
     make_training_database(source, output, chunk_size=chunk_size, echo=lines.append, progress=lines.append)
     assert [p[0] for p in read_posts(output)] == [1, 2, 5, 9, 10, 11, 40, 41]
     if chunk_size < 8:
-        assert any(line.startswith("copied ") and "of 8 posts" in line for line in lines)
+        assert any(line.startswith("read ") and "of 8 posts" in line for line in lines)
 
 
 def test_rating_tag_not_added_twice_when_run_on_its_own_output(tmp_path):
@@ -161,7 +161,7 @@ def test_failure_midway_leaves_no_output_and_no_temporary(tmp_path):
 
     def failing_progress(line):
         calls.append(line)
-        if line.startswith("copied"):
+        if line.startswith("read "):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

@@ -245,7 +245,7 @@ def _copy(connection, source, select, temporary, output, start_id, end_id, use_d
                 raise DatasetError(file_field(output, None, f"cannot be written: {error}")) from None
             read += len(rows)
             if total > chunk_size:
-                progress(f"copied {read:,} of {total:,} posts ({100 * read / total:.0f}%), "
+                progress(f"read {read:,} of {total:,} posts ({100 * read / total:.0f}%), "
                          f"up to id {rows[-1][0]}")
             if len(rows) < chunk_size:
                 break

@@ -33,7 +33,7 @@ from deepdanbooru.project.shards import (
 )
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.scoring.split import split_records
-from deepdanbooru.wording import plural
+from deepdanbooru.wording import plural, size_text
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def pack_project(project_dir, workers: int = 1, echo=print, shard_records: int |
             packed_now += len(index["records"]) + len(index["bad"])
             elapsed = time.perf_counter() - started
             left = elapsed / packed_now * (todo_pictures - packed_now)
-            echo(f"  shard {number + 1}/{count}: {len(index['records'])} pictures, {index['bytes'] / 1e6:.1f} MB"
+            echo(f"  shard {number + 1}/{count}: {len(index['records'])} pictures, {size_text(index['bytes'])}"
                  f"  ({done_pictures + packed_now}/{len(records)} pictures, {elapsed:.0f} s, about {left:.0f} s "
                  "left)")
     except OSError as error:
@@ -299,6 +299,6 @@ def _finish(paths, directory, source, plan_digest, indexes, config, packed_now, 
                            for n, index in enumerate(indexes)]}
     write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=1))
     per_picture = total / pictures if pictures else 0
-    echo(f"Packed {plural(pictures, 'picture')} into {plural(len(indexes), 'shard')}: {total / 1e6:.1f} MB, {per_picture / 1e3:.1f} kB a "
+    echo(f"Packed {plural(pictures, 'picture')} into {plural(len(indexes), 'shard')}: {size_text(total)}, {size_text(per_picture)} a "
          f"picture, {seconds:.1f} s" + (f"; {len(bad)} could not be read, listed in {paths.bad_images}" if bad else ""))
     return PackSummary(pictures, len(bad), len(indexes), total, packed_now, seconds)

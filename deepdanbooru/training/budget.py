@@ -105,6 +105,7 @@ class TimeBudget:
         """When even one slice and its export do not fit in the limit: what to change."""
         if self.longest_slice is None or self.needed(1) <= self.seconds:
             return None
-        return (f"notice: one slice and an export take about {self.needed(1) - self.margin:.0f} s, more than "
-                f"--time-limit {self.text} leaves; every run trains at least one slice, so lower "
-                f"checkpoint_frequency_mb in {config_path} or raise the limit")
+        return (f"notice: one slice and an export take about {self.needed(1) - self.margin:.0f} s, more than the "
+                f"{max(self.seconds - self.margin, 0):.0f} s --time-limit {self.text} leaves after its safety margin "
+                f"of {self.margin:.0f} s; every run trains at least one slice, so lower checkpoint_frequency_mb in "
+                f"{config_path} or raise the limit")

@@ -12,6 +12,7 @@ import io
 import logging
 import math
 import os
+import select
 import sys
 import warnings
 
@@ -51,17 +52,12 @@ class _Group(VocabularyGroup):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             _usage_error(ctx, error)
-        except BrokenPipeError:
-            # The reader stopped reading (`deepdanbooru make-tags P | head -1`): nothing to report, nowhere to say it.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except BrokenPipeError as error:
+            if not _quiet_if_stdout_is_gone():
+                _system_error(ctx, error)
             ctx.exit(exitcodes.BROKEN_PIPE)
         except (OSError, MemoryError) as error:
-            # What the file system or the memory refused (a read-only folder, a full disk, a batch too large):
-            # one line naming the file, as for bad input.
-            if ctx.obj and ctx.obj.get("debug"):
-                raise
-            click.echo(f"error: {system_error_line(error)}", err=True)
-            ctx.exit(exitcodes.USAGE)
+            _system_error(ctx, error)
         except Exception as error:
             line = out_of_memory_line(error)
             if line is None or (ctx.obj and ctx.obj.get("debug")):
@@ -72,6 +68,31 @@ class _Group(VocabularyGroup):
             # errors.Interrupted carries where the command stopped; a bare Ctrl-C has nothing to add.
             click.echo(f"interrupted: {interrupt}" if str(interrupt) else "interrupted", err=True)
             ctx.exit(exitcodes.INTERRUPTED)
+
+
+def _system_error(ctx, error: BaseException):
+    """What the file system or the memory refused (a read-only folder, a full disk, a batch too large): one line
+    naming the file, as for bad input."""
+    if ctx.obj and ctx.obj.get("debug"):
+        raise error
+    click.echo(f"error: {system_error_line(error)}", err=True)
+    ctx.exit(exitcodes.USAGE)
+
+
+def _quiet_if_stdout_is_gone() -> bool:
+    """Whether the output's reader stopped reading (`deepdanbooru make-tags P | head -1`): then there is nothing
+    to report and nowhere to say it, and what is left to print goes nowhere."""
+    try:
+        descriptor = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(descriptor, select.POLLOUT)
+        # A pipe whose reader has gone reports an error condition on the writing end.
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), descriptor)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return True
 
 
 def _usage_error(ctx, error: click.UsageError):

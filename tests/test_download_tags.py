@@ -273,6 +273,7 @@ def test_a_project_s_trained_tags_are_replaced_only_when_allowed_and_kept(server
     """As make-tags: exported models and checkpoints answer in the order of the tags.txt they were trained with."""
     (tmp_path / "project.json").write_text("{}")
     (tmp_path / "tags.txt").write_text("mine\n")
+    (tmp_path / "categories.json").write_text('[{"name": "General", "start_index": 0}]\n')
     (tmp_path / "model-resnet_small.keras").write_bytes(b"model")
     result = invoke(server, tmp_path, "--overwrite", "--limit", 2)
     assert result.exit_code == 2 and server.requests == [] and (tmp_path / "tags.txt").read_text() == "mine\n"
@@ -283,6 +284,8 @@ def test_a_project_s_trained_tags_are_replaced_only_when_allowed_and_kept(server
     assert load_tags(tmp_path / "tags.txt")[:2] == ["general_0", "general_1"]
     (kept,) = tmp_path.glob("tags.replaced-*.txt")
     assert kept.read_text() == "mine\n" and f"Kept the previous tags.txt as {kept}" in result.output
+    # The categories.json that indexes the old file is kept with it.
+    assert kept.with_name(kept.stem + ".categories.json").read_text() == '[{"name": "General", "start_index": 0}]\n'
 
 
 def test_bad_options(server, tmp_path):

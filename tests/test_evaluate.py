@@ -291,6 +291,9 @@ def test_two_images_that_would_write_one_caption_are_refused_before_any_is_writt
     assert result.exit_code == 2 and not (folder / "a.txt").exists()
     assert result.stderr == (f"error: {folder / 'a.txt'}: the caption of both {green} and {red} (a caption is named "
                              "after its image without the extension); rename one of them\n")
+    # Given one relative, one absolute: still one file.
+    result = run_cli("evaluate", os.path.relpath(red), green, "--project-path", project, "--save-txt", *mode)
+    assert result.exit_code == 2 and "rename one of them" in result.stderr and not (folder / "a.txt").exists()
 
 
 @pytest.mark.slow

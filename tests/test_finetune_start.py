@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from train_helpers import make_project
 
-from deepdanbooru.errors import ModelError, TrainingError
+from deepdanbooru.errors import TrainingError
 
 MODEL = "resnet_small"
 UNKNOWN = ["tag_the_project_lacks", "another_one"]
@@ -207,6 +207,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_from_its_source(
     (other / "checkpoints").mkdir()
     gone = tmp_path / "gone.keras"
     (other / "checkpoints" / "start.json").write_text(json.dumps({"source_model": str(gone), "source_tags": None}))
-    with pytest.raises(ModelError, match=rf"{gone}: --source-model not found .* \(the source the stopped run started "
-                                         rf"from, as {other / 'checkpoints' / 'start.json'} records it; delete"):
+    with pytest.raises(TrainingError, match=rf"{gone}: --source-model not found .* \(the source the stopped run "
+                                            rf"started from, as {other / 'checkpoints' / 'start.json'} records "
+                                            r"it; delete"):
         train_project(other, echo=lambda *_: None)

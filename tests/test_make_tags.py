@@ -187,7 +187,10 @@ def test_overwrite_with_save_path_replaces_only_another_tag_list(tmp_path):
     model.write_bytes(b"PK\x03\x04\x00\xff")
     notes = tmp_path / "notes.txt"
     notes.write_text("a list of things to do\n")
+    thresholds = tmp_path / "model-x.thresholds.csv"
+    thresholds.write_text("tag,threshold,precision,recall,f1,support\ncat,0.4,1,1,1,3\n")
     for target, reason in [(project / "project.json", "it is one of the project's own files"),
+                           (thresholds, "it is not a tag list (one tag a line)"),
                            (model, "it is not a tag list (one tag a line)"),
                            (notes, "it is not a tag list (one tag a line)")]:
         before = target.read_bytes()

@@ -292,6 +292,13 @@ def test_best_value_survives_a_checkpoint_round_trip(tmp_path):
     tf.train.Checkpoint(best=moved.state).restore(prefix)
     moved.on_train_begin(replace(run_info(tmp_path, resumed_at=1, model=model), split_changed=True))
     assert moved.best is None
+    # Stopped before its next validation: the run after it (the split now as recorded) still chooses afresh,
+    # reading neither the old value nor best.json.
+    restarted = tf.train.Checkpoint(best=moved.state).save(str(tmp_path / "restarted"))
+    later = BestModelMonitor(path, "macro_f1", tags, echo=lines.append)
+    tf.train.Checkpoint(best=later.state).restore(restarted)
+    later.on_train_begin(run_info(tmp_path, resumed_at=2, model=model))
+    assert later.best is None and later.state.restarted
     mark(model, 3)
     logs = {}
     moved.on_validation(report(3, macro_f1=0.4), logs)

@@ -142,7 +142,7 @@ def test_fresh_run_reproducible_and_resume_at_an_epoch_boundary(trained, tmp_pat
     lines = []
     counters = train_project(project, echo=lines.append)
     assert (f"Training already complete: 2 epochs trained, more than epoch_count 1 in {project / 'project.json'}; "
-            "writing the exports of those 2 epochs again (a shorter run needs a new project)") in lines
+            "writing the exports of those weights again (a shorter run needs a new project)") in lines
     assert (counters.used_epoch, counters.offset) == (2, 0) and lines[-1].startswith("Training complete: 2 epoch(s)")
     assert (read_state(project)["used_epoch"], read_state(project)["complete"]) == (2, True)
     assert_same_weights(reference / "model-resnet_small.keras", project / "model-resnet_small.keras")

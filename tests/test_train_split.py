@@ -68,5 +68,7 @@ def test_a_changed_split_counts_the_validation_posts_trained_on_before():
         f"{len(old_validation)} posts was trained on, and the best model is chosen afresh")
     assert split_change(records, validation, 0.3, 0, {"validation_fraction": 0.3, "seed": 0}, "p") is None
     assert split_change(records, validation, 0.3, 0, {"records_hash": "x"}, "p") is None  # written before the record
+    empty = split_records(records, 0.0, 0)[1]  # validation switched off: nothing to choose a best model on
+    assert split_change(records, empty, 0.0, 0, {"validation_fraction": 0.3, "seed": 0}, "p") is None
     assert "seed 0 -> 5" in split_change(records, split_records(records, 0.3, 5)[1], 0.3, 5,
                                          {"validation_fraction": 0.3, "seed": 0}, "p")

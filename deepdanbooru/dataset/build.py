@@ -399,6 +399,8 @@ def _check_tag_list(target: Path, own_files) -> None:
     kind (a model, an image, JSON)."""
     if any(target.resolve() == Path(own).resolve() for own in own_files):
         reason = "it is one of the project's own files"
+    elif target.suffix.lower() in (".csv", ".json"):  # a thresholds.csv has one comma-joined word a line too
+        reason = "it is not a tag list (one tag a line)"
     else:
         with open(target, "rb") as handle:
             data = handle.read(_TAG_LIST_BYTES + 1)

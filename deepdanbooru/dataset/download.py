@@ -24,7 +24,7 @@ from pathlib import Path
 from deepdanbooru import __version__
 from deepdanbooru.dataset.build import SYSTEM_TAGS
 from deepdanbooru.errors import NetworkError, UserError, file_field
-from deepdanbooru.fileio import write_text_atomic
+from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
 from deepdanbooru.project.categories import CATEGORIES_FILE  # DeepDanbooru's format, read back there
 from deepdanbooru.project.paths import ProjectPaths
 from deepdanbooru.project.trained import check_tags_replaceable, write_tags_file
@@ -253,18 +253,24 @@ def download_tags(path, username: str, api_key: str, limit: int = 10000, minimum
     all_tags.extend(tag for tag in SYSTEM_TAGS if tag not in written)
 
     path.mkdir(parents=True, exist_ok=True)
+    # tags.txt first: in a project it may still be refused (a run took the project while this downloaded), and
+    # then nothing is written; the categories.json that indexes it is kept beside it with the old file.
+    content = "".join(f"{t}\n" for t in all_tags)
+    if project is None:
+        write_text_atomic(path / ALL_TAGS_FILE, content)
+    else:
+        categories = path / CATEGORIES_FILE
+        old_categories = categories.read_bytes() if categories.is_file() else None
+        trained, kept = write_tags_file(path / ALL_TAGS_FILE, content, project, allow_trained)
+        if kept is not None:
+            if old_categories is not None:
+                write_bytes_atomic(kept.with_name(kept.stem + ".categories.json"), old_categories)
+            echo(f"Kept the previous tags.txt as {kept}: {trained.describe()} were trained with it")
     for result in results:
         write_text_atomic(path / result.category.file_name, "".join(f"{t}\n" for t in lists[result.category.name]))
     write_text_atomic(path / CATEGORIES_FILE, json.dumps(starts, indent=2) + "\n")
     write_text_atomic(path / LOG_FILE, _log_text(started, client, username, limit, minimum_post_count, results,
                                                  len(all_tags), include_paid_tags))
-    content = "".join(f"{t}\n" for t in all_tags)
-    if project is None:
-        write_text_atomic(path / ALL_TAGS_FILE, content)
-    else:
-        trained, kept = write_tags_file(path / ALL_TAGS_FILE, content, project, allow_trained)
-        if kept is not None:
-            echo(f"Kept the previous tags.txt as {kept}: {trained.describe()} were trained with it")
     echo(f"Wrote {len(all_tags)} tags ({len(SYSTEM_TAGS)} rating system tags) to {path / ALL_TAGS_FILE}")
     return lists
 

@@ -6,6 +6,8 @@ loads, so a refusal or an unreadable file stops the run before anything is writt
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,17 +48,18 @@ def existing_captions(images, options: CaptionOptions) -> dict[Path, str]:
     """
     existing: dict[Path, str] = {}
     refused = []
-    claimed: dict[Path, Path] = {}
+    claimed: dict[str, Path] = {}
     for image in images:
         path = sidecar_path(image, options.extension)
         if path == Path(image):
             raise CaptionError(f"{image}: --save-txt would overwrite the image itself with its tags")
-        if path in claimed:
-            # a.png and a.jpg: one caption file, which a trainer would read for both.
+        # a.png and a.jpg: one caption file, which a trainer would read for both (however the paths are given).
+        key = os.path.normcase(os.path.abspath(path))
+        if key in claimed:
             raise CaptionError(file_field(path, None, (
-                f"the caption of both {claimed[path]} and {image} (a caption is named after its image without the "
+                f"the caption of both {claimed[key]} and {image} (a caption is named after its image without the "
                 "extension); rename one of them")))
-        claimed[path] = Path(image)
+        claimed[key] = Path(image)
         if not path.exists():
             continue
         if not path.is_file():

@@ -162,9 +162,12 @@ def check_recorded_tags(model: Path, tags_file: Path) -> None:
         difference = f"line {line + 1} is {given[line]!r}, the model's tag {line + 1} {recorded[line]!r}"
         if sorted(given) == sorted(recorded):
             difference += "; the same tags in another order"
+    # The model's own tags are used with --model-path alone, unless a .tags.txt beside it is read instead.
+    own = "" if tags_beside(model) is not None else \
+        f" (`deepdanbooru evaluate --model-path {model}` without --tags-path uses the tags it records)"
     raise ModelError(file_field(tags_file, None, (
         f"not the tags {model} was trained with ({difference}); restore the tags.txt it was trained with or "
-        f"train again (`deepdanbooru evaluate --model-path {model}` without --tags-path uses the tags it records)")))
+        f"train again{own}")))
 
 
 def model_tags(files: ModelFiles) -> list[str]:

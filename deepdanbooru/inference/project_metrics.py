@@ -39,10 +39,11 @@ def coverage_lines(scalars: dict) -> list[str]:
     return [
         f"macro_f1, map: the {tags} tags with a positive in the split, macro_f1 each at {threshold:g}",
         f"calibrated_macro_f1: the same {tags}: {scalars['calibrated_tags']} at their own threshold "
-        f"(>= {scalars['min_support']} positives; calibrated_tags_f1 {scalars['calibrated_tags_f1']:.4f} there, "
-        f"{scalars['calibrated_tags_f1_at_threshold']:.4f} at {threshold:g}), {scalars['fallback_tags']} at "
-        f"global_threshold {scalars['global_threshold']:g} (fallback_tags_f1 {scalars['fallback_tags_f1']:.4f} "
-        f"there, {scalars['fallback_tags_f1_at_threshold']:.4f} at {threshold:g})",
+        f"(>= {scalars['min_support']} positives; calibrated_tags_f1 {_shown('calibrated_tags_f1', scalars)} "
+        f"there, {_shown('calibrated_tags_f1_at_threshold', scalars)} at {threshold:g}), "
+        f"{scalars['fallback_tags']} at global_threshold {scalars['global_threshold']:g} (fallback_tags_f1 "
+        f"{_shown('fallback_tags_f1', scalars)} there, {_shown('fallback_tags_f1_at_threshold', scalars)} at "
+        f"{threshold:g})",
         f"pr_f1: the same {tags}, all at pr_threshold {scalars['pr_threshold']:g}",
     ]
 

@@ -65,7 +65,8 @@ def split_change(records, validation, validation_fraction: float, seed: int, sav
     """A line when the split settings changed since the saved state (checkpoints/state.json) was written: the
     validation posts the run trained on before, which validation then counts in the model's favour. None when
     they did not change, or the state predates their record."""
-    if saved_state is None or "validation_fraction" not in saved_state or "seed" not in saved_state:
+    if saved_state is None or "validation_fraction" not in saved_state or "seed" not in saved_state or \
+            not len(validation):  # validation off now: the run says so, and chooses no best model
         return None
     before = (saved_state["validation_fraction"], saved_state["seed"])
     if before == (validation_fraction, seed):

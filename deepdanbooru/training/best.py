@@ -56,11 +56,21 @@ class BestState(tf.Module):
         self.value = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="value")
         self.used_minibatch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="used_minibatch")
 
+    # used_minibatch -2: the choice was restarted (the validation split changed): best.json is from before it.
+    RESTARTED = -2
+
     def get(self) -> BestValue | None:
         step = int(self.used_minibatch.numpy())
         if step < 0:
             return None
         return BestValue(self.metric.numpy().decode("utf-8"), float(self.value.numpy()), step)
+
+    @property
+    def restarted(self) -> bool:
+        return int(self.used_minibatch.numpy()) == self.RESTARTED
+
+    def restart(self) -> None:
+        self.used_minibatch.assign(self.RESTARTED)
 
     def set(self, best: BestValue) -> None:
         self.metric.assign(best.metric)
@@ -118,9 +128,12 @@ class BestModelMonitor(Monitor):
         if self.path is None:
             self.path = run.best_export
         self.start = _start_in_best_json(self.path, self.metric) if run.resumed_from else None
+        if run.split_changed:  # said at the start (scoring.split.split_change); kept in every checkpoint from here
+            self.state.restart()
+            return
         saved = self.state.get()
         if saved is None:
-            written = _best_json(self.path, self.metric) if run.resumed_from else None
+            written = _best_json(self.path, self.metric) if run.resumed_from and not self.state.restarted else None
             if written is None or written.used_minibatch > run.start.used_minibatch:
                 return
             saved = written
@@ -128,8 +141,6 @@ class BestModelMonitor(Monitor):
         if saved.metric != self.metric:
             self.echo(f"notice: best_model_metric changed from {saved.metric} to {self.metric}; "
                       f"{self.path.name} will be replaced at the next validation")
-            return
-        if run.split_changed:  # said at the start (scoring.split.split_change)
             return
         written = _best_json(self.path, self.metric)
         if written is not None and run.resumed_from and written.used_minibatch <= run.start.used_minibatch and \

@@ -283,10 +283,11 @@ class SliceTrainer:
 def already_complete(schedule, counters, config_path) -> str:
     """What a run over a project trained to its epoch_count (or past it, the count lowered since) says."""
     trained = counters.used_epoch + (counters.offset >= schedule.train_records)
-    if trained > schedule.epoch_count:
-        return (f"Training already complete: {trained} epochs trained, more than epoch_count {schedule.epoch_count} "
-                f"in {config_path}; writing the exports of those {trained} epochs again (a shorter run needs a new "
-                "project)")
+    begun = counters.used_epoch >= schedule.epoch_count and 0 < counters.offset < schedule.train_records
+    if trained > schedule.epoch_count or begun:
+        held = f"{trained} epochs" + (f" and {counters.offset} records of epoch {trained + 1}" if begun else "")
+        return (f"Training already complete: {held} trained, more than epoch_count {schedule.epoch_count} in "
+                f"{config_path}; writing the exports of those weights again (a shorter run needs a new project)")
     return (f"Training already complete ({schedule.epoch_count} of {schedule.epoch_count} epochs); writing the "
             f"exports again. Raise epoch_count in {config_path} to train further")
 

@@ -21,6 +21,8 @@ class RunReport:
         # used_sample at the start of this process; the step's sums add what this process trains.
         self._base_samples = counters.used_sample
         self._last_log = time.monotonic()
+        # Samples of the window restored with the checkpoint (trained before this process): not in its speed.
+        self._carried_samples = float(sums.samples.numpy())
         self._eta = Eta(schedule.done_records(schedule.epoch_count, 0))
         self.position = counters.offset  # records of the current epoch handed to the model
 
@@ -53,13 +55,14 @@ class RunReport:
         samples = window["samples"]
         elapsed = max(now - self._last_log, 1e-9)
         self._last_log = now
+        timed, self._carried_samples = samples - self._carried_samples, 0.0
         tp, fp, fn = window["true_positives"], window["false_positives"], window["false_negatives"]
         precision = tp / (tp + fp) if tp + fp else 0.0
         recall = tp / (tp + fn) if tp + fn else 0.0
         f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
         progress = replace(self.progress(), used_sample=self.samples_trained())
         log = StepLog(progress=progress, loss=window["loss_sum"] / samples if samples else float("nan"),
-                      precision=precision, recall=recall, f1=f1, samples_per_second=samples / elapsed,
+                      precision=precision, recall=recall, f1=f1, samples_per_second=timed / elapsed,
                       eta_seconds=self.eta(now, position), fraction=progress.fraction(position),
                       learning_rate=self.rate())
         for monitor in self.monitors:

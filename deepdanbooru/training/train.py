@@ -14,7 +14,7 @@ from pathlib import Path
 
 from deepdanbooru.dataset.records import Records, load_records
 from deepdanbooru.dataset.trust import split_stats, trust_warning
-from deepdanbooru.errors import ModelError, TrainingError, file_field
+from deepdanbooru.errors import ModelError, TrainingError, UserError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
@@ -89,12 +89,13 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     else:
         try:
             source = read_source_model(source_model, source_tags)
-        except ModelError as error:
+            check_input_size(source, config)
+        except UserError as error:
             if started is None:
                 raise
-            raise ModelError(f"{error} (the source the stopped run started from, as {paths.checkpoints / START_FILE} "
-                             "records it; delete that file to train from scratch)") from None
-        check_input_size(source, config)
+            raise TrainingError(f"{error} (the source the stopped run started from, as "
+                                f"{paths.checkpoints / START_FILE} records it; delete that file to train from "
+                                "scratch)") from None
         source_model, known_tags = source.path, source.tags
     records = load_records(database, config.minimum_tag_count, config.image_extensions)
     if not len(records):

@@ -22,7 +22,7 @@ class RunReport:
         self._base_samples = counters.used_sample
         self._last_log = time.monotonic()
         # Samples of the window restored with the checkpoint (trained before this process): not in its speed.
-        self._carried_samples = float(sums.samples.numpy())
+        self._carried_samples = float(sums.samples.numpy()) if sums is not None else 0.0
         self._eta = Eta(schedule.done_records(schedule.epoch_count, 0))
         self.position = counters.offset  # records of the current epoch handed to the model
 

@@ -183,9 +183,9 @@ def test_report_writes_the_page_with_the_figures_evaluate_project_measures(proje
     for chart in ("loss", "validation", "learning_rate"):
         assert f'id="chart-{chart}"><svg' in text
     # A second report replaces the folder and leaves no staging folder behind.
-    (folder / "stale.jpg").write_bytes(b"x")
+    (folder / "999999.jpg").write_bytes(b"x")  # the thumbnail of a post no longer shown
     assert run_cli("report", project).exit_code == 0
-    assert not (folder / "stale.jpg").exists()
+    assert not (folder / "999999.jpg").exists()
     assert sorted(path.name for path in project.iterdir() if "_files" in path.name) == ["report_files"]
 
 
@@ -223,6 +223,29 @@ def test_output_must_be_an_html_file_in_an_existing_folder(project, tmp_path):
     assert_one_line_and_nothing_written(run_cli("report", project, "--output", tmp_path / "a.txt"), project, ".html")
     assert_one_line_and_nothing_written(run_cli("report", project, "--output", tmp_path / "no" / "a.html"), project,
                                         "not found")
+
+
+def test_a_page_or_a_folder_report_did_not_write_is_not_replaced(tmp_path):
+    from deepdanbooru.errors import UserError
+    from deepdanbooru.report.make import _check_replaceable
+    from deepdanbooru.report.page import GENERATOR
+
+    page, folder = tmp_path / "page.html", tmp_path / "page_files"
+    page.write_text("<html>mine</html>")
+    with pytest.raises(UserError, match=r"page.html: not replaced: it is not a page deepdanbooru report wrote"):
+        _check_replaceable(page)
+    page.write_text(f'<html><head><meta charset="utf-8">\n<meta name="generator" content="{GENERATOR}">')
+    _check_replaceable(page)
+    page.write_text('<html><body><h1>p</h1>\n<p class="note">Made by deepdanbooru report at 2026-12-01 10:00 UTC')
+    _check_replaceable(page)  # a page written before the generator line
+    folder.mkdir()
+    (folder / "12.jpg").write_bytes(b"thumbnail")
+    _check_replaceable(page)
+    (folder / "important.txt").write_text("keep")
+    with pytest.raises(UserError, match=r"page_files: not replaced: the page's pictures go here, and important.txt "
+                                        r"is not a thumbnail report wrote"):
+        _check_replaceable(page)
+    assert (folder / "important.txt").read_text() == "keep" and page.exists()
 
 
 def test_the_pictures_folder_is_swapped_in_whole_over_a_folder_or_a_file(tmp_path):

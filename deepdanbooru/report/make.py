@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -82,7 +83,38 @@ def _output(config, output) -> Path:
         raise UserError(f"--save-path {page}: folder {page.parent} not found")
     if page.is_dir():
         raise UserError(f"--save-path {page}: is a folder")
+    _check_replaceable(page)
     return page
+
+
+# The thumbnails report writes into <page>_files: <post id>.jpg.
+_THUMBNAIL = re.compile(r"\d+\.jpg")
+
+
+def _check_replaceable(page: Path) -> None:
+    """A page and pictures folder already there are replaced only when report wrote them: another .html (or a
+    folder of the same name holding other files) is the user's."""
+    from deepdanbooru.report.page import GENERATOR
+
+    if page.exists():
+        text = page.read_bytes().decode("utf-8", errors="replace")
+        # Pages written before the generator line say who made them in their first note.
+        if f'<meta name="generator" content="{GENERATOR}">' not in text and \
+                '<p class="note">Made by deepdanbooru report at ' not in text:
+            raise UserError(file_field(page, None, "not replaced: it is not a page deepdanbooru report wrote; "
+                                                   "give another --save-path, or move it away"))
+    folder = folder_beside(page)
+    if folder.is_symlink() or folder.exists() and not folder.is_dir():
+        foreign = folder
+    elif folder.is_dir():
+        foreign = next((entry for entry in folder.iterdir()
+                        if not (_THUMBNAIL.fullmatch(entry.name) and entry.is_file())), None)
+    else:
+        foreign = None
+    if foreign is not None:
+        raise UserError(file_field(folder, None, (
+            f"not replaced: the page's pictures go here, and {foreign.name} is not a thumbnail report wrote; "
+            "give another --save-path, or move it away")))
 
 
 def _thumbnails(pictures, page: Path, echo_err) -> Path:

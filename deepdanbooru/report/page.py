@@ -11,6 +11,9 @@ from importlib import resources
 CHART_ORDER = ("loss", "validation", "learning_rate")
 
 
+# In every page's head: a later report replaces only a page that says it (make.py).
+GENERATOR = "deepdanbooru report"
+
 def _asset(name: str) -> str:
     return resources.files("deepdanbooru.report").joinpath(name).read_text(encoding="utf-8")
 
@@ -49,6 +52,7 @@ def render(title: str, run_rows, figure_rows, charts: dict, data: dict, vocabula
                     "scored, worst first (mistakes counted at each tag's threshold).")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="generator" content="{GENERATOR}">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src 'self' data: file:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <title>{escape(title)}</title><style>{_asset("page.css")}</style></head>
 <body>

@@ -83,6 +83,9 @@ def _fold_scores(paths, config, records, fold_of, folds, time_limit, time_limit_
     source_model = fine_tuned["source"] if fine_tuned else None
     if source_model:
         echo(f"Audit: the project was fine-tuned from {source_model}; each fold starts from it too")
+        echo(f"warning: a post {source_model} was trained on is not unseen by any fold, which starts from it: if it "
+             "was trained on this database, its labels there score as it learnt them; audit with --model-path of a "
+             "model that never saw these posts instead")
     clock = fold_room.FoldClock(time_limit)
     pending = [fold for fold in fold_list if fold_room.read_fold_scores(fold) is None]
     if len(pending) < folds:

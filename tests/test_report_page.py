@@ -52,6 +52,10 @@ def test_the_page_in_a_browser(page, tmp_path):
         assert view.locator(".charts svg").count() == 3
         assert view.locator("#gallery .card").count() > 0
         assert view.locator("#gallery .tag.fp, #gallery .tag.fn").count() > 0
+        # Every card holds its tags: none runs over into the card below it.
+        overflowing = view.eval_on_selector_all("#gallery .card", "cards => cards.filter(c => c.scrollHeight > "
+                                                "c.clientHeight + 1).map(c => c.dataset.post)")
+        assert overflowing == []
         assert view.locator("#vocabulary-new tr").count() == len(row_names(view)) - 10  # the new tags
         assert view.locator('#tag-table th[data-key="source_ap"]').count() == 1
         assert not blank(view.screenshot(full_page=True, path=tmp_path / "page.png"))

@@ -323,7 +323,8 @@ def test_a_failed_database_write_or_backup_leaves_no_backup_behind(tmp_path, own
     ("a,b,c", [], ["d"], "a,b,c,d"),
     ("a,b,c\n", ["b"], ["d"], "a,c,d\n"),
     ("x y z", ["y"], ["w"], "x z w"),
-    ("black background, triangle", ["triangle"], ["two_shapes"], "black background, two_shapes"),
+    ("black background, triangle", ["triangle"], ["two_shapes"], "black background, two shapes"),
+    ("long_hair, smile", [], ["black_background"], "long_hair, smile, black_background"),
     ("solo", [], ["smile"], "solo, smile"),
     ("a,  b ,c", [], ["d"], "a,  b ,c, d"),  # nothing removed: the text to the character, then the new entry
 ])
@@ -332,6 +333,9 @@ def test_caption_edits_keep_the_other_entries_as_written(text, remove, add, expe
 
 
 @pytest.mark.parametrize("separator, text, expected", [
+    # ',' (the commands' default) and ', ' are one separator: the caption's own spacing is kept.
+    (",", "white background, long hair, b", "white background, long hair, c"),
+    (",", "x,long_hair,b", "x,long_hair,c"),
     ("|", "a|long hair|b", "a|long hair|c"),
     (" | ", "a, x | long hair | b", "a, x | long hair | c"),
 ])

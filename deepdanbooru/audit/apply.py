@@ -153,7 +153,11 @@ def edit_caption(text: str, remove, add, separator: str = DEFAULT_SEPARATOR) -> 
     dropped = {tag_key(tag) for tag in remove}
     kept = [entry for entry in entries if tag_key(read_tag(entry, separator)) not in dropped]
     held = {tag_key(read_tag(entry, separator)) for entry in kept}
-    new = [write_tag(tag, separator=separator) for tag in dict.fromkeys(add) if tag_key(tag) not in held]
+    # New tags spelled as the caption spells its own: 'black background' beside 'white background'.
+    written_as = [entry.strip() for entry in entries]
+    spaced = any(" " in entry for entry in written_as) and not any("_" in entry for entry in written_as)
+    new = [write_tag(tag, remove_underscore=spaced, separator=separator) for tag in dict.fromkeys(add)
+           if tag_key(tag) not in held]
     if len(kept) == len(entries) and not new:
         return text
     joiner = _joiner(text, entries, lines, separator)
@@ -176,9 +180,9 @@ def _joiner(text: str, entries, lines: bool, separator: str) -> str:
     comma as the text writes it (', ' or ','), or a space between space-separated tags."""
     if lines:
         return "\n"
-    if separator != DEFAULT_SEPARATOR or len(entries) < 2:
-        return separator
     mark = DEFAULT_SEPARATOR.strip()
+    if separator.strip() != mark or len(entries) < 2:  # ',' and ', ' are the one comma separator
+        return separator
     if mark not in text:
         return " "
     return DEFAULT_SEPARATOR if DEFAULT_SEPARATOR in text else mark

@@ -360,6 +360,7 @@ def invoke(*args):
     (["--folds", "1"], "--folds 1: must be at least 2"),
     (["--folds", "99"], "--folds 99: must be at least 2 and at most the number of posts (24 eligible posts)"),
     ([], "give --folds K"),
+    (["--folds", "2", "--model-path", "{folder}"], "(a model that never saw these posts), not both"),
     (["--dry-run"], "--dry-run and --captions go with --apply FILE"),
     (["--model-path", "{folder}"], "{folder}: --model-path folder is not a timm checkpoint"),
     (["--model-path", "{folder}/none.keras"], "Invalid value for '--model-path': Path '{folder}/none.keras' does not exist"),

@@ -447,8 +447,8 @@ def test_calibrated_macro_f1_below_macro_f1_is_the_rare_tags_at_the_global_thres
 
 
 def test_the_mean_over_an_empty_group_of_tags_is_shown_as_none_not_zero():
-    from deepdanbooru.inference.project_metrics import _shown
+    from deepdanbooru.inference.project_metrics import group_mean_text
 
     scalars = {"calibrated_tags": 0, "calibrated_tags_f1": 0.0, "fallback_tags": 3, "fallback_tags_f1": 0.25}
-    assert _shown("calibrated_tags_f1", scalars) == "- (no calibrated tag)"
-    assert _shown("fallback_tags_f1", scalars) == "0.2500"
+    assert group_mean_text("calibrated_tags_f1", scalars) == "- (no calibrated tag)"
+    assert group_mean_text("fallback_tags_f1", scalars) == "0.2500"

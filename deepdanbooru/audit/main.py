@@ -38,8 +38,8 @@ def run_audit(project_path, *, folds: int | None = None, model_path=None, time_l
               time_limit_text: str | None = None, top: int | None = None, batch_size: int = 32, echo=print):
     """Score, rank and write the audit; returns the suggestions, most likely a mistake first."""
     if (folds is None) == (model_path is None):
-        raise UserError("audit: give --folds K (models trained on the other folds) or --model-path FILE "
-                        "(a model that never saw these posts)")
+        raise UserError(f"audit: give --folds K (models trained on the other folds) or --model-path FILE "
+                        f"(a model that never saw these posts){', not both' if folds is not None else ''}")
     if model_path is not None and time_limit is not None:
         raise UserError("audit: --time-limit bounds the training of each fold; --model-path trains nothing")
     from deepdanbooru.audit.ranking import require_cleanlab
@@ -59,8 +59,8 @@ def run_audit(project_path, *, folds: int | None = None, model_path=None, time_l
         from deepdanbooru.audit.scores import match_model
 
         outside = match_model(model_path, tags)
-        echo(f"Audit: {outside.path} knows {len(outside.columns):,} of the {len(tags):,} tags of tags.txt; "
-             "the others are not audited")
+        others = "; the others are not audited" if len(outside.columns) < len(tags) else ""
+        echo(f"Audit: {outside.path} knows {len(outside.columns):,} of the {len(tags):,} tags of tags.txt{others}")
         if Path(outside.path).resolve().parent == paths.root.resolve():
             echo(f"warning: {outside.path} is a model of this project: it trained on these posts and learned their "
                  "mistakes with them, so it will miss many; --folds K scores each post with a model that did not")

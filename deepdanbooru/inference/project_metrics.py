@@ -36,14 +36,17 @@ def coverage_lines(scalars: dict) -> list[str]:
     if "fallback_tags" not in scalars:
         return []
     tags, threshold = scalars["tags_with_positives"], scalars["threshold"]
+
+    def shown(name):
+        return group_mean_text(name, scalars)
+
     return [
         f"macro_f1, map: the {tags} tags with a positive in the split, macro_f1 each at {threshold:g}",
         f"calibrated_macro_f1: the same {tags}: {scalars['calibrated_tags']} at their own threshold "
-        f"(>= {scalars['min_support']} positives; calibrated_tags_f1 {_shown('calibrated_tags_f1', scalars)} "
-        f"there, {_shown('calibrated_tags_f1_at_threshold', scalars)} at {threshold:g}), "
-        f"{scalars['fallback_tags']} at global_threshold {scalars['global_threshold']:g} (fallback_tags_f1 "
-        f"{_shown('fallback_tags_f1', scalars)} there, {_shown('fallback_tags_f1_at_threshold', scalars)} at "
-        f"{threshold:g})",
+        f"(>= {scalars['min_support']} positives; calibrated_tags_f1 {shown('calibrated_tags_f1')} there, "
+        f"{shown('calibrated_tags_f1_at_threshold')} at {threshold:g}), {scalars['fallback_tags']} at "
+        f"global_threshold {scalars['global_threshold']:g} (fallback_tags_f1 {shown('fallback_tags_f1')} there, "
+        f"{shown('fallback_tags_f1_at_threshold')} at {threshold:g})",
         f"pr_f1: the same {tags}, all at pr_threshold {scalars['pr_threshold']:g}",
     ]
 
@@ -53,7 +56,7 @@ _GROUP_MEANS = {"calibrated_tags_f1": "calibrated_tags", "calibrated_tags_f1_at_
                 "fallback_tags_f1": "fallback_tags", "fallback_tags_f1_at_threshold": "fallback_tags"}
 
 
-def _shown(name: str, scalars: dict) -> str:
+def group_mean_text(name: str, scalars: dict) -> str:
     group = _GROUP_MEANS.get(name)
     if group is not None and scalars.get(group) == 0:
         return f"- (no {group.replace('_', ' ')[:-1]})"
@@ -171,7 +174,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     names = [name for name in _LEAD if name in scalars] + [name for name in scalars if name not in _LEAD]
     width_ = max(len(name) for name in names)
     for name in names:
-        echo(f"{name:<{width_}}  {_shown(name, scalars)}")
+        echo(f"{name:<{width_}}  {group_mean_text(name, scalars)}")
     for line in coverage_lines(scalars):
         echo(f"over: {line}")
     return summary

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from deepdanbooru.inference.project_metrics import group_mean_text
 from deepdanbooru.project.config import KEYS, PROJECT_FILE
 
 # A pause between two history lines longer than this, beyond the training and validation they account for,
@@ -118,15 +119,19 @@ def figure_rows(result: dict) -> list[tuple[str, str, str]]:
     calibrated = result["calibrated_tags"]
     rest = with_positives - calibrated
     tags = f"the {with_positives:,} tags with a positive in the split (of {result['tags']:,})"
+
+    def shown(name):
+        return group_mean_text(name, result)
+
     return [
         ("mAP", f"{result['map']:.4f}", f"{tags}; no threshold"),
         ("macro-F1", f"{result['macro_f1']:.4f}", f"{tags}, each at the working threshold {result['threshold']:g}"),
         ("calibrated macro-F1", f"{result['calibrated_macro_f1']:.4f}",
          f"{tags}: {calibrated:,} at their own F1-best threshold (at least {result['min_support']} positives), "
          f"{rest:,} at the global threshold {result['global_threshold']:g}, as the *.thresholds.csv gives them. "
-         f"The calibrated tags: {result['calibrated_tags_f1']:.4f} (at {result['threshold']:g}: "
-         f"{result['calibrated_tags_f1_at_threshold']:.4f}); the others: {result['fallback_tags_f1']:.4f} "
-         f"(at {result['threshold']:g}: {result['fallback_tags_f1_at_threshold']:.4f})"),
+         f"The calibrated tags: {shown('calibrated_tags_f1')} (at {result['threshold']:g}: "
+         f"{shown('calibrated_tags_f1_at_threshold')}); the others: {shown('fallback_tags_f1')} "
+         f"(at {result['threshold']:g}: {shown('fallback_tags_f1_at_threshold')})"),
         ("macro-F1 at P=R", f"{result['pr_f1']:.4f}",
          f"{tags}, all at the one threshold {result['pr_threshold']:g} where macro precision equals macro recall"),
         ("micro-F1", f"{result['micro_f1']:.4f}", f"every (picture, tag) pair at {result['threshold']:g}"),

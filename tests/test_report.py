@@ -240,6 +240,7 @@ def test_a_page_or_a_folder_report_did_not_write_is_not_replaced(tmp_path):
     _check_replaceable(page)  # a page written before the generator line
     folder.mkdir()
     (folder / "12.jpg").write_bytes(b"thumbnail")
+    (folder / ".DS_Store").write_bytes(b"a file browser's")
     _check_replaceable(page)
     (folder / "important.txt").write_text("keep")
     with pytest.raises(UserError, match=r"page_files: not replaced: the page's pictures go here, and important.txt "

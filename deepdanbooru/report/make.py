@@ -87,8 +87,9 @@ def _output(config, output) -> Path:
     return page
 
 
-# The thumbnails report writes into <page>_files: <post id>.jpg.
+# The thumbnails report writes into <page>_files: <post id>.jpg; and what file browsers leave in a folder.
 _THUMBNAIL = re.compile(r"\d+\.jpg")
+_BROWSER_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
 
 
 def _check_replaceable(page: Path) -> None:
@@ -108,7 +109,8 @@ def _check_replaceable(page: Path) -> None:
         foreign = folder
     elif folder.is_dir():
         foreign = next((entry for entry in folder.iterdir()
-                        if not (_THUMBNAIL.fullmatch(entry.name) and entry.is_file())), None)
+                        if not ((_THUMBNAIL.fullmatch(entry.name) or entry.name in _BROWSER_FILES)
+                                and entry.is_file())), None)
     else:
         foreign = None
     if foreign is not None:

@@ -336,3 +336,6 @@ def test_next_steps_give_a_database_path_that_works_when_pasted(tmp_path, monkey
     assert "note: 1 imported image is gif, not png/jpg: add gif to image_extensions in project.json" in result.output
     result = invoke("src2", "third")
     assert "  deepdanbooru create-project PROJECT --database third/dataset.sqlite" in result.output.splitlines()
+    # Imported again into the dataset the project uses: nothing to set.
+    result = invoke("src", "my data", "--project-path", "work/project")
+    assert "Next: work/project/project.json uses this dataset already; run" in result.output.splitlines()

@@ -410,4 +410,17 @@ def next_steps(database: Path, project=None, image_extensions=None) -> list[str]
                 f"  deepdanbooru create-project {name} --database {shlex.quote(str(database))}", *runs]
     value = os.path.relpath(database.resolve(), Path(project).resolve())
     extensions = f" and image_extensions: {json.dumps(image_extensions)}" if image_extensions else ""
+    if _points_at(config, Path(project), database):
+        if not extensions:
+            return [f"Next: {config} uses this dataset already; run", *runs]
+        return [f"Next: set{extensions[4:]} in {config}, then run", *runs]
     return [f"Next: set \"database_path\": {json.dumps(value)}{extensions} in {config}, then run", *runs]
+
+
+def _points_at(config: Path, project: Path, database: Path) -> bool:
+    """Whether project.json's database_path is `database` already."""
+    try:
+        given = json.loads(config.read_text(encoding="utf-8")).get("database_path")
+        return isinstance(given, str) and (project / Path(given).expanduser()).resolve() == database.resolve()
+    except (AttributeError, OSError, TypeError, ValueError):
+        return False

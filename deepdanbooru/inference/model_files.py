@@ -6,6 +6,7 @@ before TensorFlow is imported.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,28 +141,35 @@ def resolve_model_files(project_path=None, model_path=None, tags_path=None) -> M
     if not model.is_file():
         raise ModelError(file_field(model, None, "model file not found"))
     if recorded is None:
-        check_recorded_tags(model, tags)
+        # A --tags-path of as many tags is the user's naming (another language, say): said, not refused.
+        check_recorded_tags(model, tags, explicit=tags_path is not None)
     return ModelFiles(model=model, tags=tags, config=config, kind=kind, recorded=recorded)
 
 
-def check_recorded_tags(model: Path, tags_file: Path) -> None:
+def check_recorded_tags(model: Path, tags_file: Path, explicit: bool = False) -> None:
     """Refuse a tags file other than the one `model` records it was trained with: its scores would be reported
-    under other tags' names (a tags.txt replaced, reordered or edited since training)."""
+    under other tags' names (a tags.txt replaced, reordered or edited since training). `explicit` (--tags-path):
+    a file of as many tags is the user's naming, and only warned about."""
     recorded = read_model_tags(model)
     if recorded is None:  # a .h5 or a file re-saved by another tool: it cannot say
         return
     from deepdanbooru.project.tags import load_tags
 
-    given = tuple(load_tags(tags_file))
-    if given == recorded:
+    listed = tuple(load_tags(tags_file))
+    if listed == recorded:
         return
-    if len(given) != len(recorded):
-        difference = f"{len(given)} tags, the model's {len(recorded)}"
+    if len(listed) != len(recorded):
+        difference = f"{len(listed)} tags, the model's {len(recorded)}"
     else:
-        line = next(n for n, (mine, its) in enumerate(zip(given, recorded)) if mine != its)
-        difference = f"line {line + 1} is {given[line]!r}, the model's tag {line + 1} {recorded[line]!r}"
-        if sorted(given) == sorted(recorded):
+        line = next(n for n, (mine, its) in enumerate(zip(listed, recorded)) if mine != its)
+        difference = f"line {line + 1} is {listed[line]!r}, the model's tag {line + 1} {recorded[line]!r}"
+        if sorted(listed) == sorted(recorded):
             difference += "; the same tags in another order"
+        if explicit:
+            warnings.warn(file_field(tags_file, None, (
+                f"not the tags {model} was trained with ({difference}); its scores are named by this file, line "
+                "by line")), UserWarning, stacklevel=2)
+            return
     # The model's own tags are used with --model-path alone, unless a .tags.txt beside it is read instead.
     own = "" if tags_beside(model) is not None else \
         f" (`deepdanbooru evaluate --model-path {model}` without --tags-path uses the tags it records)"

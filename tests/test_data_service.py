@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import re
@@ -267,24 +266,23 @@ def test_a_dispatcher_and_two_workers_started_by_the_commands_make_exactly_the_l
 def test_training_on_the_data_service_gives_the_local_run_s_weights_bit_for_bit(tmp_path, sample_dataset):
     from deepdanbooru.training.train import train_project
 
+    # The servers are left running until this test process ends: each slice's reader thread stays with the
+    # service's job (pipeline/service.py), and against a stopped dispatcher it would log a failed heartbeat
+    # every second for as long as the process lives.
     dispatcher = SERVICE.DispatchServer(SERVICE.DispatcherConfig(port=0))
     address = dispatcher.target.split("://")[1]
-    workers = [SERVICE.WorkerServer(SERVICE.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
-    try:
-        # One epoch in two slices of three minibatches, with the recipe's augmentation and mixup.
-        settings = dict(epoch_count=1, checkpoint_frequency_mb=3, horizontal_flip=True, mixup=0.4)
-        local = make_project(tmp_path / "local", *sample_dataset, **settings)
-        served = make_project(tmp_path / "served", *sample_dataset, data_service=address, **settings)
-        train_project(local, echo=lambda *_: None)
-        train_project(served, echo=lambda *_: None)
-        assert_same_weights(local / "model-resnet_small.keras", served / "model-resnet_small.keras")
-    finally:
-        # A reading client still uncollected would otherwise go on calling the stopped dispatcher once a second
-        # (a warning line each) for as long as this test process lives.
-        gc.collect()
-        for worker in workers:
-            worker.stop()
-        dispatcher.stop()
+    _KEPT_SERVERS.extend([dispatcher, *(SERVICE.WorkerServer(SERVICE.WorkerConfig(dispatcher_address=address))
+                                        for _ in range(2))])
+    # One epoch in two slices of three minibatches, with the recipe's augmentation and mixup.
+    settings = dict(epoch_count=1, checkpoint_frequency_mb=3, horizontal_flip=True, mixup=0.4)
+    local = make_project(tmp_path / "local", *sample_dataset, **settings)
+    served = make_project(tmp_path / "served", *sample_dataset, data_service=address, **settings)
+    train_project(local, echo=lambda *_: None)
+    train_project(served, echo=lambda *_: None)
+    assert_same_weights(local / "model-resnet_small.keras", served / "model-resnet_small.keras")
+
+
+_KEPT_SERVERS: list = []
 
 
 def _run(log_path, project, *options):

@@ -201,6 +201,8 @@ BAD = {
         r"selected_tags.csv: has 8 tag rows but the head has 7 outputs"),
     "bad tag row": (lambda f: (f / "selected_tags.csv").write_text("tag_id,name,category,count\n1,a,7,1\n"),
                     r"selected_tags.csv: line 2: unknown category 7"),
+    "weights a folder": (lambda f: ((f / "model.safetensors").unlink(), (f / "model.safetensors").mkdir()),
+                         r"model.safetensors: is a folder, not a file \(a timm checkpoint folder holds"),
 }
 
 

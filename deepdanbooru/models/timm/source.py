@@ -67,7 +67,8 @@ def read_config(folder) -> dict:
     path = folder / CONFIG_FILE
     for required in (path, folder / WEIGHTS_FILE):
         if not required.is_file():
-            raise ModelError(file_field(required, None, "not found (a timm checkpoint folder holds config.json and "
+            found = "is a folder, not a file" if required.is_dir() else "not found"
+            raise ModelError(file_field(required, None, f"{found} (a timm checkpoint folder holds config.json and "
                                                         "model.safetensors)"))
     try:
         config = json.loads(path.read_text(encoding="utf-8"))

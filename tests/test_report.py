@@ -268,3 +268,17 @@ def test_the_pictures_folder_is_swapped_in_whole_over_a_folder_or_a_file(tmp_pat
     with pytest.raises(FileNotFoundError):
         _swap_in(tmp_path / ".gone", folder)  # the new folder cannot take its name: the old one stays
     assert (folder / "1.jpg").read_text() == "newer" and sorted(p.name for p in tmp_path.iterdir()) == ["report_files"]
+
+
+def test_a_run_logged_once_is_drawn_as_its_point():
+    """A line needs two points: with one logged step the loss and learning-rate charts showed an empty frame."""
+    pytest.importorskip("matplotlib")
+    from deepdanbooru.report.charts import run_charts
+
+    def marked(svg, colour):  # a marker of the series' colour (the ticks are markers too, in black)
+        return re.search(rf'<use [^>]*style="[^"]*stroke: {colour}', svg) is not None
+
+    charts = run_charts([{"used_minibatch": 5, "loss": 0.7, "learning_rate": 0.001}], [], [])
+    assert marked(charts["loss"], "#1f77b4") and marked(charts["learning_rate"], "#2ca02c")
+    longer = run_charts([{"used_minibatch": n, "loss": 1 / n, "learning_rate": 0.001} for n in range(1, 6)], [], [])
+    assert not marked(longer["loss"], "#1f77b4")  # a line alone once there is one

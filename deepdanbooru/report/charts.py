@@ -65,7 +65,8 @@ def run_charts(train_rows: list[dict], validation_rows: list[dict], stops: list[
         figure = _figure(4.2, 3.0)
         axes = figure.add_subplot()
         if steps:
-            axes.plot(steps, loss, label="training", color="#1f77b4")
+            # A line needs two points: a run logged once (or twice) is drawn as its points.
+            axes.plot(steps, loss, "o-" if len(steps) < 3 else "-", label="training", color="#1f77b4", markersize=3)
         if val_steps:
             axes.plot(val_steps, val_loss, "o-", label="validation", color="#d62728", markersize=3)
         axes.set(title="Loss", xlabel="step")
@@ -89,7 +90,7 @@ def run_charts(train_rows: list[dict], validation_rows: list[dict], stops: list[
     if steps:
         figure = _figure(4.2, 3.0)
         axes = figure.add_subplot()
-        axes.plot(steps, rates, color="#2ca02c")
+        axes.plot(steps, rates, "o-" if len(steps) < 3 else "-", color="#2ca02c", markersize=3)
         axes.set(title="Learning rate", xlabel="step")
         axes.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
         axes.grid(alpha=0.3)

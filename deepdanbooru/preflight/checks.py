@@ -24,7 +24,7 @@ from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import FIT, load_config
 from deepdanbooru.project.paths import ProjectPaths
-from deepdanbooru.project.resume import describe_resume_point, fine_tuned_network, resume_point
+from deepdanbooru.project.resume import describe_resume_point, fine_tuned_network, has_checkpoint, resume_point
 from deepdanbooru.project.shards import SHARDS_DIR, scoring_shards, training_shards
 from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import load_tags, tags_hash
@@ -140,7 +140,7 @@ def check_paths(run: Run):
     if not images.is_dir():
         return FAIL, f"{images}: images folder not found beside the database"
     # Read only when a run starts from scratch; a resumed run does not need the file.
-    if not (run.paths.checkpoints / "checkpoint").is_file():
+    if not has_checkpoint(run.paths.checkpoints):
         config.require_backbone_weights()
     return PASS, f"database {database} and images folder {images} exist"
 

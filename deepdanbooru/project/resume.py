@@ -41,12 +41,17 @@ def describe_resume_point(counters: Mapping, train_records: int | None, epoch_co
     return f"{text} ({where})"
 
 
+def has_checkpoint(checkpoints) -> bool:
+    """Whether `checkpoints` holds a checkpoint to resume: TensorFlow's index file naming the latest is there."""
+    return (Path(checkpoints) / "checkpoint").is_file()
+
+
 def fine_tuned_network(checkpoints) -> dict | None:
     """state.json's record of the network a --source-model run trains ({"network", "source", "parameters"}),
     while checkpoints/ holds a checkpoint to resume; None otherwise. A resumed run rebuilds that network
     from the checkpoint, whatever project.json's model says (training.network)."""
     state, _ = read_state_json(checkpoints)
-    if state is None or not (Path(checkpoints) / "checkpoint").is_file():
+    if state is None or not has_checkpoint(checkpoints):
         return None
     counts = state.get("parameters")
     if not (isinstance(state.get("source"), str) and isinstance(state.get("network"), str)

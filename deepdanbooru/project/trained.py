@@ -14,6 +14,7 @@ from pathlib import Path
 
 from deepdanbooru.errors import TagsError, file_field
 from deepdanbooru.fileio import write_bytes_atomic, write_text_atomic
+from deepdanbooru.project.resume import has_checkpoint
 
 SHOWN_EXPORTS = 3  # exports named one by one before the rest are counted
 
@@ -51,9 +52,10 @@ class TrainedWithTags:
 def trained_with_tags(paths) -> TrainedWithTags:
     """The project's checkpoints and exported models (paths: project.paths.ProjectPaths)."""
     directory = paths.checkpoints
-    has_checkpoint = (directory / "checkpoint").is_file() or any(directory.glob("ckpt-*.index"))
+    # A checkpoint's files without the index naming it (a run killed while saving its first) count too.
+    saved = has_checkpoint(directory) or any(directory.glob("ckpt-*.index"))
     exports = tuple(sorted([*paths.root.glob("model-*.keras"), *paths.root.glob("model-*.h5")]))
-    return TrainedWithTags(directory if has_checkpoint else None, exports)
+    return TrainedWithTags(directory if saved else None, exports)
 
 
 def keep_copy(path: Path) -> Path:

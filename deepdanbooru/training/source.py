@@ -19,6 +19,7 @@ from deepdanbooru.captions import tag_key
 from deepdanbooru.errors import ConfigError, ModelError, TagsError, TrainingError, file_field
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.models.vocabulary import read_model_tags
+from deepdanbooru.project.resume import has_checkpoint
 from deepdanbooru.project import categories as cat
 from deepdanbooru.project.tags import load_tags
 
@@ -75,7 +76,7 @@ def recorded_start(checkpoints) -> tuple[str, str | None] | None:
     None when the project has a checkpoint, or its run did not start from a source."""
     checkpoints = Path(checkpoints)
     record = checkpoints / START_FILE
-    if (checkpoints / "checkpoint").is_file() or not record.is_file():
+    if has_checkpoint(checkpoints) or not record.is_file():
         return None
     try:
         payload = json.loads(record.read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ from deepdanbooru.errors import ModelError, TrainingError, UserError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
-from deepdanbooru.project.resume import fine_tuned_network
+from deepdanbooru.project.resume import fine_tuned_network, has_checkpoint
 from deepdanbooru.project.shards import ShardIndex, scoring_shards, training_shards
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
@@ -107,7 +107,7 @@ def plan_training(project_dir, source_model=None, force_mixed_precision: bool = 
     saved_state = read_state_json(paths.checkpoints)[0]
     train, validation, split_note = split_for_run(records, config.validation_fraction, config.seed, saved_state)
     split_changed = split_change(records, validation, config.validation_fraction, config.seed, saved_state,
-                                 config.config_path) if (paths.checkpoints / "checkpoint").is_file() else None
+                                 config.config_path) if has_checkpoint(paths.checkpoints) else None
     if not len(train):
         raise TrainingError(file_field(
             config.config_path, "validation_fraction",

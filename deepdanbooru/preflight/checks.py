@@ -24,7 +24,8 @@ from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import FIT, load_config
 from deepdanbooru.project.paths import ProjectPaths
-from deepdanbooru.project.resume import describe_resume_point, fine_tuned_network, has_checkpoint, resume_point
+from deepdanbooru.project.resume import (START_FILE, describe_resume_point, fine_tuned_network, has_checkpoint,
+                                         recorded_start, resume_point)
 from deepdanbooru.project.shards import SHARDS_DIR, scoring_shards, training_shards
 from deepdanbooru.project.split import in_validation
 from deepdanbooru.project.tags import load_tags, tags_hash
@@ -381,8 +382,6 @@ def check_checkpoint(run: Run):
     directory = run.paths.checkpoints
     index = directory / "checkpoint"
     if not index.is_file():
-        from deepdanbooru.training.source import START_FILE, recorded_start  # standard library only
-
         try:
             started = recorded_start(directory)
         except UserError as error:

@@ -24,7 +24,8 @@ import tensorflow as tf
 from deepdanbooru.models.builder import count_weights
 from deepdanbooru.models.precision import with_policy
 from deepdanbooru.project.paths import safe_export_name
-from deepdanbooru.training.source import check_resumed_source, source_path
+from deepdanbooru.project.resume import source_path
+from deepdanbooru.training.source import check_resumed_source
 
 
 @dataclass(frozen=True)

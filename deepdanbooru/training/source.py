@@ -17,9 +17,8 @@ from pathlib import Path
 
 from deepdanbooru.captions import tag_key
 from deepdanbooru.errors import ConfigError, ModelError, TagsError, TrainingError, file_field
-from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.models.vocabulary import read_model_tags
-from deepdanbooru.project.resume import has_checkpoint
+from deepdanbooru.project.resume import record_start, source_path
 from deepdanbooru.project import categories as cat
 from deepdanbooru.project.tags import load_tags
 
@@ -45,49 +44,12 @@ class SourceModel:
         return self.folder and self.architecture.startswith(RESAMPLABLE)
 
 
-def source_path(source) -> Path:
-    """A --source-model as a checkpoint records and compares it: absolute, links resolved."""
-    return Path(source).expanduser().resolve()
-
-
-# checkpoints/start.json: the --source-model (and --source-tags) a run started from, written before its first
-# step. A run stopped before its first checkpoint leaves no other record of it, and one started again without
-# the options would otherwise train from scratch, its frozen blocks random.
-START_FILE = "start.json"
-
-
-def record_start(checkpoints, source_model, source_tags) -> None:
-    payload = {"source_model": str(source_path(source_model)),
-               "source_tags": str(source_path(source_tags)) if source_tags is not None else None}
-    Path(checkpoints).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(checkpoints) / START_FILE, json.dumps(payload, indent=2) + "\n")
-
-
 def claim_project(plan, latest: str | None) -> None:
     """Once the model is made (a refused --source-model leaves the project as it was): the logs folder, and for
     a fresh run from --source-model, checkpoints/start.json."""
     plan.paths.logs.mkdir(parents=True, exist_ok=True)
     if plan.source_model is not None and not latest:
         record_start(plan.paths.checkpoints, plan.source_model, plan.source_tags_file)
-
-
-def recorded_start(checkpoints) -> tuple[str, str | None] | None:
-    """(source model, source tags or None) of a run from --source-model that stopped before its first checkpoint;
-    None when the project has a checkpoint, or its run did not start from a source."""
-    checkpoints = Path(checkpoints)
-    record = checkpoints / START_FILE
-    if has_checkpoint(checkpoints) or not record.is_file():
-        return None
-    try:
-        payload = json.loads(record.read_text(encoding="utf-8"))
-        source, tags = payload["source_model"], payload["source_tags"]
-        if not isinstance(source, str) or not (tags is None or isinstance(tags, str)):
-            raise TypeError
-    except (OSError, ValueError, TypeError, KeyError):
-        raise TrainingError(file_field(record, None, (
-            "cannot be read (it names the --source-model the stopped run started from); give --source-model "
-            "again, or delete it to train from scratch"))) from None
-    return source, tags
 
 
 def check_resumed_source(recorded: str | None, source_model, checkpoints) -> None:

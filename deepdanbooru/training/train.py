@@ -18,15 +18,13 @@ from deepdanbooru.errors import ModelError, TrainingError, UserError, file_field
 from deepdanbooru.models.table import check_head_bias_init, check_model_input
 from deepdanbooru.project.config import ProjectConfig, load_config
 from deepdanbooru.project.paths import ProjectPaths
-from deepdanbooru.project.resume import fine_tuned_network, has_checkpoint
+from deepdanbooru.project.resume import START_FILE, fine_tuned_network, has_checkpoint, recorded_start
 from deepdanbooru.project.shards import ShardIndex, scoring_shards, training_shards
 from deepdanbooru.project.tags import load_tags
 from deepdanbooru.runstate.cluster import ClusterRole, DeviceChoice, cluster_role, parse_devices, prepare_tensorflow
 from deepdanbooru.runstate.lock import TrainingLock
 from deepdanbooru.training.budget import TimeBudget
-from deepdanbooru.training.source import (
-    START_FILE, SourceModel, check_input_size, check_resumed_source, read_source_model, recorded_start,
-)
+from deepdanbooru.training.source import SourceModel, check_input_size, check_resumed_source, read_source_model
 
 
 @dataclass(frozen=True)

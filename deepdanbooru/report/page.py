@@ -4,9 +4,10 @@ folder beside it. Nothing is fetched from the network."""
 
 from __future__ import annotations
 
-import json
 from html import escape
 from importlib import resources
+
+from deepdanbooru.pagedata import data_element
 
 CHART_ORDER = ("loss", "validation", "learning_rate")
 
@@ -16,11 +17,6 @@ GENERATOR = "deepdanbooru report"
 
 def _asset(name: str) -> str:
     return resources.files("deepdanbooru.report").joinpath(name).read_text(encoding="utf-8")
-
-
-def _script_json(payload) -> str:
-    # Inside <script> only "</" can end the element early; tag names are the user's text.
-    return json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
 def _rows(rows) -> str:
@@ -79,7 +75,7 @@ calibrate its own.</p>
 <span class="tag fn">FN: caption tag missed</span><span class="tag fp">FP: predicted, not in the caption</span></span></p>
 <div id="gallery"></div>
 {_vocabulary(vocabulary)}
-<script type="application/json" id="report-data">{_script_json(data)}</script>
+{data_element("report-data", data)}
 <script>{_asset("page.js")}</script>
 </body></html>
 """

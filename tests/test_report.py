@@ -249,6 +249,30 @@ def test_a_page_or_a_folder_report_did_not_write_is_not_replaced(tmp_path):
     assert (folder / "important.txt").read_text() == "keep" and page.exists()
 
 
+def test_a_folder_of_numbered_pictures_without_a_page_is_the_user_s(tmp_path):
+    """With no page there, nothing shows report wrote the folder beside it: a user's 1001.jpg is not a thumbnail."""
+    from deepdanbooru.errors import UserError
+    from deepdanbooru.report.make import _check_replaceable, _output
+
+    page, folder = tmp_path / "photos.html", tmp_path / "photos_files"
+    folder.mkdir()
+    (folder / ".DS_Store").write_bytes(b"a file browser's")
+    _check_replaceable(page)  # an empty folder (a file browser's files aside) holds nothing to lose
+    for name in ("1001.jpg", "1002.jpg"):
+        (folder / name).write_bytes(b"a user's photo")
+    with pytest.raises(UserError, match=r"photos_files: not replaced: the page's pictures go here, and 1001.jpg is "
+                                        r"not a thumbnail of a page report wrote \(no photos.html beside it\)"):
+        _check_replaceable(page)
+
+    class Config:
+        project_dir = tmp_path
+
+    with pytest.raises(UserError, match="photos_files: not replaced"):
+        _output(Config, page)
+    assert sorted(p.name for p in folder.iterdir()) == [".DS_Store", "1001.jpg", "1002.jpg"]
+    assert not page.exists()
+
+
 def test_the_pictures_folder_is_swapped_in_whole_over_a_folder_or_a_file(tmp_path):
     from deepdanbooru.report.make import _swap_in
 

@@ -94,10 +94,12 @@ _BROWSER_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
 
 def _check_replaceable(page: Path) -> None:
     """A page and pictures folder already there are replaced only when report wrote them: another .html (or a
-    folder of the same name holding other files) is the user's."""
+    folder of the same name holding other files) is the user's. Thumbnails (<post id>.jpg) count as report's only
+    beside a page it wrote: without one, a folder of numbered photos is someone's own."""
     from deepdanbooru.report.page import GENERATOR
 
-    if page.exists():
+    ours = page.exists()
+    if ours:
         text = page.read_bytes().decode("utf-8", errors="replace")
         # Pages written before the generator line say who made them in their first note.
         if f'<meta name="generator" content="{GENERATOR}">' not in text and \
@@ -109,13 +111,15 @@ def _check_replaceable(page: Path) -> None:
         foreign = folder
     elif folder.is_dir():
         foreign = next((entry for entry in folder.iterdir()
-                        if not ((_THUMBNAIL.fullmatch(entry.name) or entry.name in _BROWSER_FILES)
+                        if not (((ours and _THUMBNAIL.fullmatch(entry.name)) or entry.name in _BROWSER_FILES)
                                 and entry.is_file())), None)
     else:
         foreign = None
     if foreign is not None:
+        whose = ("a thumbnail report wrote" if ours or not _THUMBNAIL.fullmatch(foreign.name)
+                 else f"a thumbnail of a page report wrote (no {page.name} beside it)")
         raise UserError(file_field(folder, None, (
-            f"not replaced: the page's pictures go here, and {foreign.name} is not a thumbnail report wrote; "
+            f"not replaced: the page's pictures go here, and {foreign.name} is not {whose}; "
             "give another --save-path, or move it away")))
 
 

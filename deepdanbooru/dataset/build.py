@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepdanbooru.dataset.post_files import SQLITE, PostFile, detect_kind, progress_text
 from deepdanbooru.dataset.records import (
     IMAGES_DIR,
     REQUIRED_COLUMNS,
@@ -152,6 +153,29 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
     if output.exists() and not overwrite:
         raise DatasetError(file_field(output, None, "already exists; use --overwrite to replace it"))
 
+    kind = detect_kind(source) if source.is_file() else SQLITE
+    if kind != SQLITE:
+        summary = _from_post_file(PostFile(source, kind), source, output, start_id, end_id, use_deleted,
+                                  chunk_size, vacuum, progress, echo, group_duplicates)
+    else:
+        summary = _from_sqlite(source, output, start_id, end_id, use_deleted, chunk_size, vacuum, progress, echo,
+                               group_duplicates)
+
+    skipped = [f"{summary.skipped_deleted} deleted" if summary.skipped_deleted else "",
+               f"{summary.skipped_bad_md5} with an empty or unsafe md5 (first: id {summary.first_bad_md5_id})"
+               if summary.skipped_bad_md5 else ""]
+    skipped = [text for text in skipped if text]
+    echo(f"Wrote {plural(summary.copied, 'post')} to {output}"
+         + (f" (skipped {', '.join(skipped)})" if skipped else ""))
+    if summary.ratings or summary.unknown_rating:
+        counts = ", ".join(f"{tag} {summary.ratings[tag]}" for tag in SYSTEM_TAGS if summary.ratings[tag])
+        unknown = f"; {summary.unknown_rating} without a g/s/q/e rating" if summary.unknown_rating else ""
+        echo(f"Rating tags: {counts or 'none'}{unknown}")
+    return summary
+
+
+def _from_sqlite(source, output, start_id, end_id, use_deleted, chunk_size, vacuum, progress, echo,
+                 group_duplicates) -> CopySummary:
     connection = connect_read_only(source)
     try:
         present = check_posts_table(connection, source)
@@ -173,32 +197,46 @@ def make_training_database(source, output, start_id: int = 1, end_id: int = MAX_
         select = (f"SELECT {', '.join(REQUIRED_COLUMNS)}, {optional} FROM posts "
                   "WHERE id >= ? AND id <= ? AND typeof(id) = 'integer' ORDER BY id LIMIT ?")
 
-        output.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = create_beside(output)
-        os.close(handle)
-        try:
-            summary = _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted,
-                            chunk_size, total, vacuum, progress)
-            if group_duplicates:
-                _group(temporary, output, source, echo, progress)
-            _fsync(temporary)
-            os.replace(temporary, output)
-        except BaseException:
-            _remove_quietly(temporary, f"{temporary}-journal")
-            raise
+
+        def copy(temporary):
+            return _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted, chunk_size,
+                         total, vacuum, progress)
+
+        return _build(output, source, copy, group_duplicates, echo, progress)
     finally:
         connection.close()
 
-    skipped = [f"{summary.skipped_deleted} deleted" if summary.skipped_deleted else "",
-               f"{summary.skipped_bad_md5} with an empty or unsafe md5 (first: id {summary.first_bad_md5_id})"
-               if summary.skipped_bad_md5 else ""]
-    skipped = [text for text in skipped if text]
-    echo(f"Wrote {plural(summary.copied, 'post')} to {output}"
-         + (f" (skipped {', '.join(skipped)})" if skipped else ""))
-    if summary.ratings or summary.unknown_rating:
-        counts = ", ".join(f"{tag} {summary.ratings[tag]}" for tag in SYSTEM_TAGS if summary.ratings[tag])
-        unknown = f"; {summary.unknown_rating} without a g/s/q/e rating" if summary.unknown_rating else ""
-        echo(f"Rating tags: {counts or 'none'}{unknown}")
+
+def _from_post_file(reader, source, output, start_id, end_id, use_deleted, chunk_size, vacuum, progress, echo,
+                    group_duplicates) -> CopySummary:
+    def copy(temporary):
+        return _copy_posts(reader, source, temporary, output, use_deleted, chunk_size, start_id, end_id, vacuum,
+                           progress)
+
+    summary = _build(output, source, copy, group_duplicates, echo, progress)
+    if reader.summary.non_integer_ids:
+        progress(f"warning: {source}: {reader.summary.non_integer_ids} post(s) with a non-integer id are skipped")
+    if "rating" not in reader.summary.seen:
+        progress(f"note: {source}: no post has a rating; no rating system tags are added")
+    if "is_deleted" not in reader.summary.seen:
+        progress(f"note: {source}: no post has is_deleted; every post counts as not deleted")
+    return summary
+
+
+def _build(output, source, copy, group_duplicates, echo, progress) -> CopySummary:
+    """copy(temporary) fills a temporary file beside OUTPUT, which replaces OUTPUT only when all went well."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = create_beside(output)
+    os.close(handle)
+    try:
+        summary = copy(temporary)
+        if group_duplicates:
+            _group(temporary, output, source, echo, progress)
+        _fsync(temporary)
+        os.replace(temporary, output)
+    except BaseException:
+        _remove_quietly(temporary, f"{temporary}-journal")
+        raise
     return summary
 
 
@@ -223,12 +261,8 @@ def _group(temporary, output, source, echo, progress) -> None:
 def _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted, chunk_size, total,
           vacuum, progress) -> CopySummary:
     summary = CopySummary()
-    target = sqlite3.connect(temporary)
+    target = _open_target(temporary)
     try:
-        # The temporary file is thrown away on any failure, so a journal buys nothing.
-        target.execute("PRAGMA journal_mode=OFF")
-        target.execute("PRAGMA synchronous=OFF")
-        target.execute(POSTS_SCHEMA)
         next_id, read = start_id, 0
         while next_id <= end_id:
             try:
@@ -256,6 +290,54 @@ def _copy(connection, source, select, temporary, output, start_id, end_id, use_d
     finally:
         target.close()
     return summary
+
+
+def _open_target(temporary):
+    target = sqlite3.connect(temporary)
+    # The temporary file is thrown away on any failure, so a journal buys nothing.
+    target.execute("PRAGMA journal_mode=OFF")
+    target.execute("PRAGMA synchronous=OFF")
+    target.execute(POSTS_SCHEMA)
+    return target
+
+
+def _copy_posts(reader, source, temporary, output, use_deleted, chunk_size, start_id, end_id, vacuum,
+                progress) -> CopySummary:
+    """The posts of a JSON or Parquet file (post_files.PostFile), chunk by chunk, into the temporary database."""
+    summary = CopySummary()
+    target = _open_target(temporary)
+    try:
+        read = 0
+        for chunk in reader.chunks(chunk_size, start_id, end_id):
+            batch = _convert([row for row, _ in chunk], source, use_deleted, summary)
+            before = target.total_changes
+            try:
+                target.executemany(INSERT_POST, batch)
+                target.commit()
+            except sqlite3.IntegrityError:
+                # executemany stops at the first row whose id is taken; the rows before it went in.
+                failed = batch[target.total_changes - before][0]
+                raise DatasetError(_duplicate_line(source, chunk, batch, target.total_changes - before,
+                                                   failed)) from None
+            except sqlite3.DatabaseError as error:
+                raise DatasetError(file_field(output, None, f"cannot be written: {error}")) from None
+            read += len(chunk)
+            if len(chunk) == chunk_size:
+                progress(progress_text(reader, read))
+        if vacuum:
+            progress("vacuum ...")
+            target.execute("VACUUM")
+    finally:
+        target.close()
+    return summary
+
+
+def _duplicate_line(source, chunk, batch, index, post_id) -> str:
+    """One line naming where the second post with `post_id` stands in the file."""
+    earlier = sum(1 for row in batch[:index] if row[0] == post_id)  # 0: its twin came in an earlier chunk
+    places = [where for row, where in chunk if row[0] == post_id]
+    where = places[min(earlier, len(places) - 1)] if places else "a post"
+    return file_field(source, where, f"post id {post_id} occurs more than once")
 
 
 def _convert(rows, source, use_deleted, summary: CopySummary) -> list[tuple]:

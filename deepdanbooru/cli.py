@@ -491,7 +491,8 @@ def _FORMAT(command):
     return click.option("--format", "output_format", default="text", show_default=True,
                         type=click.Choice(["text", "json", "csv"]),
                         help="text: DeepDanbooru's layout; json: one JSON object per image and line (with "
-                             "--metrics: one object); csv: path,tag,score rows.")(command)
+                             "--metrics: one object, with a row per tag under per_tag); csv: path,tag,score rows (with "
+                             "--metrics: the rows per tag).")(command)
 
 
 def _record_options(when: str):
@@ -588,7 +589,8 @@ _METRICS_ONLY = ("model_path", "split", "start_id", "end_id")
 @_BATCH_SIZE
 @click.option("--metrics", is_flag=True,
               help="Instead of tagging TARGET, measure the model on the project's labelled records and print the "
-                   "validation metrics (docs/metrics.md).")
+                   "validation metrics (docs/metrics.md); --format json adds one row per tag (per_tag), --format "
+                   "csv writes those rows alone.")
 @click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
               help="With --metrics: the model file to measure [default: the project's final export, or its best "
                    "one when that validated better].")
@@ -614,13 +616,13 @@ def evaluate_project(ctx, project_path, target, threshold, thresholds_csv, allow
     if metrics:
         if target is not None:
             raise click.UsageError("TARGET is not used with --metrics (the project's records are measured)")
-        if thresholds_csv is not None or output_format == "csv":
-            raise click.UsageError("--thresholds-csv and --format csv apply to tagging, not to --metrics")
+        if thresholds_csv is not None:
+            raise click.UsageError("--thresholds-csv applies to tagging, not to --metrics")
         from deepdanbooru.inference.project_metrics import project_metrics
 
         summary = project_metrics(project_path, model_path=model_path, split=split, start_id=start_id,
                                   end_id=end_id, threshold=threshold, batch_size=batch_size,
-                                  allow_gpu=allow_gpu, as_json=output_format == "json", echo=click.echo)
+                                  allow_gpu=allow_gpu, output_format=output_format, echo=click.echo)
         _exit_if_skipped(summary)
         return
     misplaced = [f"--{name.replace('_', '-')}" for name in _METRICS_ONLY if given(name)]

@@ -110,6 +110,17 @@ def test_the_history_and_the_best_export_start_where_the_source_stands(tmp_path,
     assert list(written["ap"]) == plan.tags[:10]  # in tags.txt's spelling, the tags the source does not know left out
     for tag, value in expected["ap"].items():
         assert written["ap"][tag] == (None if value is None else pytest.approx(value, abs=1e-9)), tag
+    # evaluate-project --metrics shows the same figures beside the fine-tune's own, per tag.
+    from click.testing import CliRunner
+
+    from deepdanbooru.cli import main
+
+    measured = CliRunner().invoke(main, ["evaluate-project", str(project), "--metrics", "--format", "json"])
+    assert measured.exit_code == 0, measured.output
+    rows = {row["tag"]: row for row in json.loads(measured.output.strip().splitlines()[-1])["per_tag"]}
+    assert {tag: rows[tag]["source_ap"] for tag in plan.tags} == {
+        tag: None if written["ap"].get(tag) is None else pytest.approx(written["ap"][tag], abs=1e-6)
+        for tag in plan.tags}
 
     best = json.loads((project / f"model-{MODEL}.best.json").read_text())
     assert best["start"] == {"metric": "macro_f1", "value": pytest.approx(start["macro_f1"]), "used_minibatch": 0}

@@ -8,7 +8,10 @@ compare exports, or any model, on the same images.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +112,98 @@ def select_records(config, split: str, start_id: int | None = None, end_id: int 
     return records if len(chosen) == len(records) else records.subset(chosen)
 
 
+# One row per tag in --format json's per_tag and --format csv, in this order. f1, precision and recall are at the
+# tag's own threshold (calibrated) or at global_threshold (too few positives to calibrate); f1_at_threshold is
+# at the working threshold (--threshold, the project's validation_threshold), as the `f1` of the scalars.
+PER_TAG_FIELDS = ("tag", "positives", "ap", "f1", "threshold", "calibrated", "precision", "recall",
+                  "f1_at_threshold", "source_ap")
+SOURCE_AP_FILE = "source_tag_ap.json"  # written by a fresh train-project --source-model before its first step
+
+
+@dataclass(frozen=True)
+class SourceFigures:
+    """The source's AP per tag before the first step (logs/source_tag_ap.json), when it measured these posts."""
+    file: Path
+    source_model: str | None
+    ap: dict  # tag -> AP or None; only the tags the source knows
+    same_posts: bool
+    detail: str
+
+    def as_json(self) -> dict:
+        return {"file": str(self.file), "source_model": self.source_model, "same_posts": self.same_posts,
+                "detail": self.detail}
+
+
+def read_source_figures(project_dir: Path, split: str, start_id, end_id, records: int) -> SourceFigures | None:
+    """None for a project that did not start from --source-model. The file holds the source's AP on the
+    validation split: used only when these are the same posts (the validation split, unlimited, as many)."""
+    path = Path(project_dir) / "logs" / SOURCE_AP_FILE
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        ap = payload["ap"]
+        measured = payload.get("validation_records")
+        if not isinstance(ap, dict) or not all(v is None or isinstance(v, (int, float)) for v in ap.values()):
+            raise TypeError
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        raise UserError(file_field(path, None, "cannot be read as the source's AP per tag (an object with "
+                                               "\"ap\": {tag: number or null})")) from None
+    source = payload.get("source_model") if isinstance(payload.get("source_model"), str) else None
+    if split != "validation" or start_id is not None or end_id is not None:
+        return SourceFigures(path, source, ap, False, (
+            "the source was measured on the validation split, not on these posts: source_ap is null; measure "
+            "the validation split without --start-id/--end-id to compare"))
+    if measured != records:
+        return SourceFigures(path, source, ap, False, (
+            f"the source was measured on {measured} validation records, these are {records} (the split or the "
+            "pictures changed since): source_ap is null"))
+    return SourceFigures(path, source, ap, True, (
+        f"the source's AP on these {records} validation records before the first step; null for a tag it "
+        "did not know or without a positive"))
+
+
+def per_tag_rows(tags, result: dict, source: SourceFigures | None) -> list[dict]:
+    """One dict per tag (PER_TAG_FIELDS); a figure that measures nothing (no positive in the split) is None."""
+    per_tag = result["per_tag"]
+    tp, fp, fn = (per_tag[key] for key in ("tp", "fp", "fn"))
+
+    def number(value, digits=6):
+        value = float(value)
+        return round(value, digits) if math.isfinite(value) else None
+
+    rows = []
+    for index, tag in enumerate(tags):
+        positives = int(per_tag["support"][index])
+        measured = positives > 0
+        known = source is not None and source.same_posts and source.ap.get(tag) is not None
+        at_threshold = 2 * int(tp[index]) / max(1, 2 * int(tp[index]) + int(fp[index]) + int(fn[index]))
+        rows.append({
+            "tag": tag,
+            "positives": positives,
+            "ap": number(per_tag["ap"][index]) if measured else None,
+            "f1": number(per_tag["f1"][index]) if measured else None,
+            "threshold": number(per_tag["threshold"][index]),
+            "calibrated": bool(per_tag["calibrated"][index]),
+            "precision": number(per_tag["precision"][index]) if measured else None,
+            "recall": number(per_tag["recall"][index]) if measured else None,
+            "f1_at_threshold": number(at_threshold) if measured else None,
+            "source_ap": number(source.ap[tag]) if known else None,
+        })
+    return rows
+
+
+def per_tag_csv(rows: list[dict]) -> str:
+    """The per_tag rows as CSV with a header; an empty cell where the JSON has null."""
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(PER_TAG_FIELDS)
+    for row in rows:
+        writer.writerow("" if row[name] is None else ("true" if row[name] is True else "false")
+                        if isinstance(row[name], bool) else row[name] for name in PER_TAG_FIELDS)
+    return stream.getvalue()
+
+
 def _format(value) -> str:
     if value is None:
         return "n/a"
@@ -116,9 +211,13 @@ def _format(value) -> str:
 
 
 def project_metrics(project_path, *, model_path=None, split="validation", start_id=None, end_id=None,
-                    threshold=None, batch_size=32, allow_gpu=False, as_json=False, echo=print,
-                    echo_err=print_err) -> MetricsSummary:
-    """Measure a model (default: the project's final export) on the project's records; print the metrics."""
+                    threshold=None, batch_size=32, allow_gpu=False, output_format="text", echo=print,
+                    echo_err=print_err, as_json=None) -> MetricsSummary:
+    """Measure a model (default: the project's final export) on the project's records; print the metrics
+    (text), the metrics and one row per tag (json), or the rows per tag alone (csv)."""
+    if as_json is not None:
+        output_format = "json" if as_json else "text"
+    as_json = output_format == "json"
     config = load_config(project_path)
     tags = load_tags(config.project_dir / "tags.txt")
     records = select_records(config, split, start_id, end_id)
@@ -126,7 +225,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     threshold = config.validation_threshold if threshold is None else float(threshold)
     if not 0.0 <= threshold <= 1.0:
         raise UserError(f"--threshold: must be in [0, 1], got {threshold}")
-    if not as_json:  # first, before the minutes of scoring
+    if output_format == "text":  # first, before the minutes of scoring
         echo(f"Model: {files.model} ({files.kind})")
 
     from deepdanbooru.inference.predict import check_output_width, configure_devices, model_input_size
@@ -161,13 +260,19 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
         raise DatasetError(f"none of the {len(paths)} images could be read; see the reasons above")
 
     ids = (records.ids[0], records.ids[-1])
-    if as_json:
+    if output_format in ("json", "csv"):
+        source = read_source_figures(config.project_dir, split, start_id, end_id, len(paths))
+        rows = per_tag_rows(tags, summary.result, source)
+        if output_format == "csv":
+            echo(per_tag_csv(rows).rstrip("\n"))
+            return summary
         from deepdanbooru.scoring.metrics import json_ready
 
         echo(json.dumps(json_ready({
             "model": str(files.model), "model_kind": files.kind, "split": split, "start_id": start_id, "end_id": end_id,
             "first_id": ids[0], "last_id": ids[1], "records": len(paths), "skipped": len(summary.skipped),
-            "metrics": summary.metrics}), allow_nan=False))
+            "metrics": summary.metrics, "source": None if source is None else source.as_json(),
+            "per_tag": rows}), allow_nan=False))
         return summary
     echo(f"Records: {len(paths)} ({split} split, ids {ids[0]}..{ids[1]}), {len(summary.skipped)} unreadable skipped")
     scalars = summary.metrics

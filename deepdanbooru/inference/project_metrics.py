@@ -212,12 +212,9 @@ def _format(value) -> str:
 
 def project_metrics(project_path, *, model_path=None, split="validation", start_id=None, end_id=None,
                     threshold=None, batch_size=32, allow_gpu=False, output_format="text", echo=print,
-                    echo_err=print_err, as_json=None) -> MetricsSummary:
+                    echo_err=print_err) -> MetricsSummary:
     """Measure a model (default: the project's final export) on the project's records; print the metrics
     (text), the metrics and one row per tag (json), or the rows per tag alone (csv)."""
-    if as_json is not None:
-        output_format = "json" if as_json else "text"
-    as_json = output_format == "json"
     config = load_config(project_path)
     tags = load_tags(config.project_dir / "tags.txt")
     records = select_records(config, split, start_id, end_id)

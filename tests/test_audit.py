@@ -454,3 +454,100 @@ def test_without_cleanlab_the_audit_says_how_to_install_it_before_anything(sampl
     assert result.exit_code != 0
     assert "cleanlab (AGPL-3.0), an optional extra: pip install 'deepdanbooru[audit]'" in result.output
     assert sorted(p.name for p in sample_project.iterdir()) == ["project.json", "tags.txt"]
+
+
+def synthetic_page(tmp_path, count=130, probability=True):
+    """audit.html for `count` rows over three tags (no pictures), written by the page's own builder."""
+    from dataclasses import dataclass
+
+    from deepdanbooru.audit.page import page_html
+    from deepdanbooru.audit.results import Suggestion
+
+    @dataclass(frozen=True)
+    class Row(Suggestion):
+        probability: float = 0.0
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for rank in range(1, count + 1):
+        given = int(rank % 3 == 0)
+        score = 0.13 if rank == 2 else float(rng.random())
+        rows.append(Row(1000 + rank // 2, f"{rank:032x}", ["cat", "dog", "travel_&_places"][rank % 4 % 3], given,
+                        score, rank, round(1 - rank / (count + 1), 4)))
+    if not probability:
+        rows = [Suggestion(r.post_id, r.md5, r.tag, r.given, r.score, r.rank) for r in rows]
+    path = tmp_path / "audit.html"
+    path.write_text(page_html("audit", rows, {}, {r.post_id: "some tags" for r in rows}, f"test:{probability}",
+                              "project"), encoding="utf-8")
+    return path, rows
+
+
+def shown_ranks(page):
+    return [int(rank) for rank in page.eval_on_selector_all("tbody tr", "rows => rows.map(r => r.dataset.rank)")]
+
+
+def every_page(page):
+    ranks = shown_ranks(page)
+    while not page.is_disabled("#next"):
+        page.click("#next")
+        ranks += shown_ranks(page)
+    return ranks
+
+
+def test_audit_page_filters_and_pages_reach_every_row_and_export_the_accepted(tmp_path):
+    from deepdanbooru.audit.page import PAGE_ROWS
+
+    path, rows = synthetic_page(tmp_path)
+    with open_page(path, width=1100, height=800, accept_downloads=True) as visit:
+        page = visit.page
+        assert len(shown_ranks(page)) == PAGE_ROWS < len(rows)
+        assert every_page(page) == [row.rank for row in rows]  # nothing cut: every row, in rank order
+        assert "page 3 of 3" in page.inner_text("#shown")
+        # The wording holds what the figure says, no more.
+        page.select_option("#filter-kind", "missing")
+        second = page.locator('tbody tr[data-rank="2"] td.suggestion').inner_text()
+        assert "add travel_&_places" in second.replace("\n", " ") and "the post lacks it; the model gives 0.13" in second
+        assert "likely" not in page.inner_text("body")
+        assert page.locator("thead th").all_inner_texts()[4] == "probability wrong"
+        # Each filter keeps exactly its rows, over every page.
+        assert every_page(page) == [row.rank for row in rows if not row.given]
+        page.select_option("#filter-kind", "wrong")
+        assert every_page(page) == [row.rank for row in rows if row.given]
+        assert page.locator("tbody td.suggestion.missing").count() == 0
+        page.select_option("#filter-kind", "")
+        page.select_option("#filter-tag", label=f"travel_&_places ({sum(r.tag == 'travel_&_places' for r in rows)})")
+        assert every_page(page) == [row.rank for row in rows if row.tag == "travel_&_places"]
+        page.select_option("#filter-tag", "")
+        page.fill("#filter-least", "0.6")
+        kept = [row.rank for row in rows if row.probability >= 0.6]
+        assert every_page(page) == kept and len(kept) < len(rows)
+        # Accepting "the undecided the filters keep" accepts those rows only, across their pages.
+        page.select_option("#filter-kind", "wrong")
+        page.click("#accept-rest")
+        accepted = [row.rank for row in rows if row.probability >= 0.6 and row.given]
+        assert f"{len(accepted)} accepted, 0 rejected" in page.inner_text("#counts")
+        page.fill("#filter-least", "0")
+        page.select_option("#filter-kind", "")
+        page.locator('tbody tr[data-rank="1"] button[value=rejected]').click()
+        page.select_option("#filter-decision", "undecided")
+        assert every_page(page) == [r.rank for r in rows if r.rank not in accepted and r.rank != 1]
+        page.select_option("#filter-decision", "")
+        page.screenshot(path=str(tmp_path / "audit.png"))
+        with page.expect_download() as download:
+            page.click("#export")
+        exported = tmp_path / "exported.csv"
+        download.value.save_as(exported)
+        assert [int(row.rank) for _, row in read_suggestions(exported)] == accepted
+        assert visit.console_errors == [] and visit.page_errors == [] and visit.network_requests == []
+
+
+def test_audit_page_without_probabilities_filters_on_the_score_against_the_label(tmp_path):
+    path, rows = synthetic_page(tmp_path, count=40, probability=False)
+    with open_page(path) as visit:
+        page = visit.page
+        assert "probability wrong" not in page.inner_text("thead")
+        assert "the model's score against the label at least" in page.inner_text(".bar")
+        page.fill("#filter-least", "0.7")
+        against = [row.rank for row in rows if (1 - row.score if row.given else row.score) >= 0.7]
+        assert every_page(page) == against
+        assert visit.console_errors == [] and visit.page_errors == []

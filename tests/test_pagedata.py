@@ -56,3 +56,18 @@ def test_the_report_page_shows_every_tag_whatever_text_the_tags_hold(tmp_path):
         assert view.locator("#gallery script, #tag-table script").count() == 0  # shown as text, never run
         view.screenshot(path=str(tmp_path / "report.png"), full_page=True)
 
+
+
+def test_the_audit_page_works_whatever_text_the_tags_hold(tmp_path):
+    from deepdanbooru.audit.page import page_html
+    from deepdanbooru.audit.results import Suggestion
+
+    names = ["<!--", "<script>", "</script><b>x", "plain"]
+    suggestions = [Suggestion(10 + rank, "0" * 32, name, rank % 2, 0.9, rank) for rank, name in enumerate(names, 1)]
+    page = tmp_path / "audit.html"
+    page.write_text(page_html("audit", suggestions, {}, {s.post_id: s.tag for s in suggestions}, "id", "project"), encoding="utf-8")
+    with open_page(page) as visit:
+        view = visit.page
+        assert visit.page_errors == [] and visit.console_errors == []
+        assert f"0 accepted, 0 rejected, {len(names)} undecided" in view.inner_text("#counts")
+        assert [text.split("\n")[0] for text in view.locator("tbody td.suggestion b").all_inner_texts()] == names

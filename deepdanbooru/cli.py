@@ -367,7 +367,7 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
 
 
 @main.command("import-images")
-@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.argument("src", nargs=-1, required=True, type=click.Path(exists=True, path_type=str))
 @click.argument("dataset", type=click.Path(file_okay=False, path_type=str))
 @click.option("--link", is_flag=True, help="Hard-link images instead of copying them (same file system only).")
 @click.option("--extensions", default="png,jpg,jpeg,gif,webp,bmp", show_default=True,
@@ -382,7 +382,7 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
                    "reads as '|'; whitespace alone: ' ' or a tab between tags, a line break for one tag a line).")
 def import_images(src, dataset, link, extensions, group_duplicates, project_path, caption_extension,
                   caption_separator):
-    """Import SRC (a folder of images with same-name .txt tag files) into DATASET.
+    """Import SRC (a folder of images with same-name .txt tag files, or tar shards) into DATASET.
 
     A caption file IMAGE.txt (or IMAGE.ext.txt) holds comma-separated tags
     (then line breaks also separate), one tag a line, or space-separated tags
@@ -396,10 +396,17 @@ def import_images(src, dataset, link, extensions, group_duplicates, project_path
     DATASET whose caption changed gets the new tags. Duplicates (same bytes)
     and images without tags are skipped and counted; unreadable images are
     reported and skipped; a caption that is not UTF-8 stops the import.
+
+    SRC may also be one or more .tar shards in the WebDataset layout (or
+    folders of them): each sample with a picture and a Danbooru post object
+    (KEY.json) or a caption (KEY.txt) becomes a post; a member without its
+    pair, an unreadable picture or a malformed post object is named and
+    skipped, a truncated shard is named with its last good member.
     """
     from deepdanbooru.dataset.import_images import import_images as run_import
 
-    run_import(src, dataset, link=link, extensions=extensions, group_duplicates=group_duplicates, echo=click.echo,
+    run_import(src[0] if len(src) == 1 else src, dataset, link=link, extensions=extensions,
+               group_duplicates=group_duplicates, echo=click.echo,
                warn=lambda line: click.echo(line, err=True), project=project_path, caption_ext=caption_extension,
                separator=caption_separator)
 

@@ -51,6 +51,7 @@ class ImportSummary:
     unreadable: list[tuple[Path, str]] = field(default_factory=list)
     untagged: list[tuple[Path, str]] = field(default_factory=list)
     updated: list[tuple[Path, int]] = field(default_factory=list)  # (path, post id) whose caption changed
+    malformed: list[tuple[str, str]] = field(default_factory=list)  # tar shards: bad post objects, damaged shards
     few_tags: int = 0
     wider_formats: dict[str, int] = field(default_factory=dict)  # file_ext -> images not in the default formats
 
@@ -201,17 +202,22 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     resolves it (relative to the project folder).
     separator: the string between tags in the caption files (deepdanbooru.captions' grammar).
     """
-    src, dataset = Path(src), Path(dataset)
+    from deepdanbooru.dataset import tar_shards  # SRC may also be tar shards, or folders of them
+
     extensions = parse_extensions(extensions)
+    shards = tar_shards.find_shards(src, extensions, warn)
+    src, dataset = Path(src if isinstance(src, (str, os.PathLike)) else src[0]), Path(dataset)
     caption_ext = caption_extension(caption_ext)
     separator = caption_separator(separator)
-    if not src.is_dir():
+    if shards and link:
+        raise UserError("--link: a picture inside a tar shard cannot be hard-linked; drop --link")
+    if not src.is_dir() and not shards:
         raise DatasetError(file_field(src, None, "source folder not found"))
     if dataset.exists() and not dataset.is_dir():
         raise DatasetError(file_field(dataset, None, "exists and is not a folder"))
     database = dataset / DATABASE_NAME
     # The dataset may live inside SRC (even be SRC): never re-import its own images.
-    images = scan(src, extensions, [path for path in (dataset, dataset / IMAGES_DIR) if path.is_dir()])
+    images = shards or scan(src, extensions, [path for path in (dataset, dataset / IMAGES_DIR) if path.is_dir()])
     if not images:
         raise DatasetError(file_field(src, None, f"no image files ({', '.join(extensions)}) found"))
 
@@ -230,12 +236,18 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     placer = _Placer(dataset / IMAGES_DIR, link)
     temporary = None
     try:
-        rows, updates = _collect(images, src, known, max_id, placer, summary, caption_ext,
-                                 connection.execute if connection is not None else None, separator)
+        query = connection.execute if connection is not None else None
+        if shards:
+            rows, updates = tar_shards.collect(shards, known, max_id, placer, summary, caption_ext, query, separator,
+                                               extensions, KEY_BY_NAME["minimum_tag_count"].default)
+        else:
+            rows, updates = _collect(images, src, known, max_id, placer, summary, caption_ext, query, separator)
         if not rows and not existing:
             raise DatasetError(file_field(src, None, "no image could be imported "
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
-                                          f"unreadable, {len(summary.duplicates)} duplicates)"))
+                                          f"unreadable, {len(summary.duplicates)} duplicates"
+                                          + (f", {len(summary.malformed)} malformed" if summary.malformed else "")
+                                          + ")"))
         if connection is None:
             handle, temporary = create_beside(database)
             os.close(handle)
@@ -345,6 +357,7 @@ def _report(summary: ImportSummary, dataset: Path, echo, warn, project=None) -> 
     for items, line in ((summary.unreadable, "warning: {}: unreadable image skipped: {}"),
                         (summary.untagged, "warning: {}: skipped: {}"),
                         (summary.duplicates, "note: {}: same bytes as {}, skipped"),
+                        (summary.malformed, "warning: {}: {}"),
                         (summary.updated, "note: {}: already in the dataset as post {}; its caption changed, "
                                           "the post's tags are updated")):
         for path, reason in items[:LISTED]:
@@ -357,7 +370,8 @@ def _report(summary: ImportSummary, dataset: Path, echo, warn, project=None) -> 
         echo(f"Updated the tags of {plural(len(summary.updated), 'image')} already in the dataset "
              "(their captions changed)")
     echo(f"Skipped: {plural(len(summary.duplicates), 'duplicate')}, {len(summary.unreadable):,} unreadable, "
-         f"{len(summary.untagged):,} without tags")
+         f"{len(summary.untagged):,} without tags"
+         + (f", {len(summary.malformed):,} malformed" if summary.malformed else ""))
     minimum = KEY_BY_NAME["minimum_tag_count"].default
     config = _project_config(project)
     fix = "in project.json" if config is not None else "(create-project --database sets it)"

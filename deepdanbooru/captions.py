@@ -253,6 +253,17 @@ def append_caption(existing: str, tags, remove_underscore: bool = False, separat
     return _join(kept + additions, grammar, lines) + existing[len(body):]
 
 
+def multi_word_spelling(entries) -> tuple[int, int]:
+    """(entries writing words apart with spaces, entries joining them with underscores) among caption entries as
+    written: how a caption, or a folder of them, spells its multi-word tags. Emoticons such as ^_^ are no words."""
+    spaced = joined = 0
+    for entry in entries:
+        entry = entry.strip()
+        spaced += " " in entry
+        joined += "_" in entry and " " not in entry and len(entry) >= _SHORTEST_SPACED
+    return spaced, joined
+
+
 def tag_key(tag: str) -> str:
     """What two spellings of one tag share: 'Long_Hair' and 'long hair' are the same tag."""
     return " ".join(tag.replace("_", " ").split()).casefold()

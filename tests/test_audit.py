@@ -551,3 +551,108 @@ def test_audit_page_without_probabilities_filters_on_the_score_against_the_label
         against = [row.rank for row in rows if (1 - row.score if row.given else row.score) >= 0.7]
         assert every_page(page) == against
         assert visit.console_errors == [] and visit.page_errors == []
+
+
+def recorded_audit(tmp_path, own_dataset, chosen):
+    """A project whose audit record holds the `chosen` (record index, tag, given) rows (no ranking involved)."""
+    from deepdanbooru.audit.results import Suggestion, write_results
+
+    database, tags = own_dataset
+    project = make_project(tmp_path / "project", database, tags)
+    records = load_records(database, 1)
+    rows = [Suggestion(records.ids[index], records.md5s[index], tag, given, 0.5, rank)
+            for rank, (index, tag, given) in enumerate(chosen, start=1)]
+    posts = {records.ids[index]: {"md5": records.md5s[index], "tags": records.tag_strings[index]}
+             for index, _, _ in chosen}
+    write_results(project, rows, posts, database, "test", list(tags))
+    return project, records, rows
+
+
+def carried_and_lacked(records, tags, index):
+    carried = records.tag_strings[index].split()
+    return carried[0], next(tag for tag in tags if tag not in carried)
+
+
+def caption_folder(tmp_path, records, indices, text_of):
+    folder = tmp_path / "pictures"
+    folder.mkdir(exist_ok=True)
+    for index in indices:
+        shutil.copy(records.path(index), folder / f"p{records.ids[index]}.jpg")
+        (folder / f"p{records.ids[index]}.txt").write_text(text_of(index))
+    return folder
+
+
+def test_a_dry_run_lists_each_change_with_its_caption_file_before_the_totals(tmp_path, own_dataset):
+    database, tags = own_dataset
+    records = load_records(database, 1)
+    wrong, missing = carried_and_lacked(records, tags, 0)
+    other_wrong, _ = carried_and_lacked(records, tags, 1)
+    project, records, rows = recorded_audit(tmp_path, own_dataset, [(0, wrong, 1), (0, missing, 0), (1, other_wrong, 1)])
+    folder = caption_folder(tmp_path, records, [0], lambda index: ", ".join(records.tag_strings[index].split()))
+    (project / "accepted.csv").write_text((project / "audit.csv").read_text())
+    before, captions_before = tag_strings(database), _contents(folder)
+    lines = []
+    apply_audit(project, project / "accepted.csv", dry_run=True, captions=folder, echo=lines.append)
+    first, second = records.ids[0], records.ids[1]
+    caption = folder / f"p{first}.txt"
+    assert lines[:3] == [f"post {first}: remove {wrong}; caption {caption}",
+                         f"post {first}: add {missing}; caption {caption}",
+                         f"post {second}: remove {other_wrong}; no caption file"]
+    assert "would change 2 posts (1 tag added, 2 removed)" in lines[3]
+    assert lines[-1] == "Dry run: nothing was changed"
+    assert tag_strings(database) == before and _contents(folder) == captions_before
+
+
+def test_a_second_apply_with_captions_brings_the_captions_in_line_with_the_database(tmp_path, own_dataset):
+    from deepdanbooru.captions import parse_caption
+
+    database, tags = own_dataset
+    records = load_records(database, 1)
+    wrong, missing = carried_and_lacked(records, tags, 0)
+    project, records, rows = recorded_audit(tmp_path, own_dataset, [(0, wrong, 1), (0, missing, 0)])
+    accepted = project / "accepted.csv"
+    accepted.write_text((project / "audit.csv").read_text())
+    apply_audit(project, accepted, echo=lambda line: None)  # the database only: its captions were forgotten
+    after = tag_strings(database)
+    folder = caption_folder(tmp_path, records, [0], lambda index: ", ".join(records.tag_strings[index].split()))
+    lines = []
+    summary = apply_audit(project, accepted, captions=folder, echo=lines.append)
+    assert summary.changes == [] and summary.in_effect == 2 and tag_strings(database) == after
+    read = parse_caption((folder / f"p{records.ids[0]}.txt").read_text())
+    assert missing in read and wrong not in read
+    assert summary.captions == [folder / f"p{records.ids[0]}.txt"]
+    assert any(line.startswith("Caption files: changed 1") for line in lines)
+    # Its backup holds the caption as it was, though the database did not change.
+    saved = summary.backup / "captions" / f"p{records.ids[0]}.txt"
+    assert wrong in parse_caption(saved.read_text())
+    third = apply_audit(project, accepted, captions=folder, echo=lambda line: None)
+    assert third.captions == [] and third.backup is None
+
+
+def test_caption_edits_follow_the_folder_s_spelling_of_multi_word_tags(tmp_path, own_dataset):
+    database, tags = own_dataset
+    records = load_records(database, 1)
+    _, missing = carried_and_lacked(records, tags, 0)
+    project, records, rows = recorded_audit(tmp_path, own_dataset, [(0, "travel_&_places", 0), (0, missing, 0)])
+    # The post's own caption holds no multi-word tag; the folder's others write them with spaces.
+    folder = caption_folder(tmp_path, records, [0], lambda index: "smile, cat")
+    (folder / "other.txt").write_text("travel & places, smiling face, cat\n")
+    (folder / "other.png").write_bytes(b"not read")
+    from deepdanbooru.audit.results import write_results
+
+    write_results(project, rows, {records.ids[0]: {"md5": records.md5s[0], "tags": records.tag_strings[0]}},
+                  database, "test", list(tags) + ["travel_&_places"])
+    (project / "accepted.csv").write_text((project / "audit.csv").read_text())
+    apply_audit(project, project / "accepted.csv", captions=folder, echo=lambda line: None)
+    assert (folder / f"p{records.ids[0]}.txt").read_text() == f"smile, cat, travel & places, {missing.replace('_', ' ')}"
+
+
+@pytest.mark.parametrize("text, folder, expected", [
+    ("smile, cat", True, "smile, cat, travel & places"),
+    ("smile, cat", False, "smile, cat, travel_&_places"),
+    ("smile, cat", None, "smile, cat, travel_&_places"),
+    ("long_hair, cat", True, "long_hair, cat, travel_&_places"),  # the caption's own spelling first
+    ("long hair, cat", False, "long hair, cat, travel & places"),
+])
+def test_a_caption_without_a_multi_word_entry_takes_the_folder_s_spelling(text, folder, expected):
+    assert edit_caption(text, [], ["travel_&_places"], folder_spaced=folder) == expected

@@ -9,8 +9,13 @@ audit/backups/<time>/ (with every caption file about to change), and the posts a
 transaction: copying the backup back restores the database as it was, hand edits included.
 
 Caption files (--captions FOLDER, the folder import-images read): the picture whose content has the
-post's md5 gets the same change in its caption file, its other entries kept as written; otherwise a
-later import-images would put the caption's tags back.
+post's md5 gets the rows' change in its caption file, its other entries kept as written; otherwise a
+later import-images would put the caption's tags back. The captions follow the rows whether or not
+the database still needs them, so applying the file again with --captions mends the captions of an
+apply made without it. A new entry is spelled as the caption spells its multi-word tags, or, in a
+caption without one, as the folder's captions do ('travel & places' where they write spaces).
+
+--dry-run lists each change (post, tag, add or remove, caption file) before the totals.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepdanbooru.audit.results import AUDIT_DIR, read_record, read_suggestions
-from deepdanbooru.captions import (DEFAULT_EXTENSION, DEFAULT_SEPARATOR, caption_extension,
-                                   format_caption, parse_caption, read_caption, read_tag, split_caption, tag_key,
-                                   write_tag)
+from deepdanbooru.captions import (DEFAULT_EXTENSION, DEFAULT_SEPARATOR, CaptionError, caption_extension,
+                                   format_caption, multi_word_spelling, parse_caption, read_caption, read_tag,
+                                   split_caption, tag_key, write_tag)
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.categories import GENERAL, RATING_PREFIX, tag_categories
@@ -145,17 +150,20 @@ def _plan(rows, record, current, database, general) -> tuple[list[Change], int]:
     return changes, in_effect
 
 
-def edit_caption(text: str, remove, add, separator: str = DEFAULT_SEPARATOR) -> str:
+def edit_caption(text: str, remove, add, separator: str = DEFAULT_SEPARATOR, folder_spaced: bool | None = None) -> str:
     """`text` without the entries of `remove` and with `add` appended, the other entries as written; read and
     written with `separator` (import-images' --caption-separator). With nothing removed the text is kept to
-    the character and the new entries follow it, joined as its own entries are."""
+    the character and the new entries follow it, joined as its own entries are.
+
+    New tags are spelled as the caption spells its own multi-word tags ('black background' beside 'white
+    background'); a caption without one takes `folder_spaced`, how the folder's other captions spell them
+    (True: spaces, False or None: underscores, as the database writes them)."""
     entries, lines = split_caption(text, separator)
     dropped = {tag_key(tag) for tag in remove}
     kept = [entry for entry in entries if tag_key(read_tag(entry, separator)) not in dropped]
     held = {tag_key(read_tag(entry, separator)) for entry in kept}
-    # New tags spelled as the caption spells its own: 'black background' beside 'white background'.
-    written_as = [entry.strip() for entry in entries]
-    spaced = any(" " in entry for entry in written_as) and not any("_" in entry for entry in written_as)
+    with_spaces, with_underscores = multi_word_spelling(entries)
+    spaced = with_spaces > 0 and not with_underscores if with_spaces or with_underscores else bool(folder_spaced)
     new = [write_tag(tag, remove_underscore=spaced, separator=separator) for tag in dict.fromkeys(add)
            if tag_key(tag) not in held]
     if len(kept) == len(entries) and not new:
@@ -188,19 +196,80 @@ def _joiner(text: str, entries, lines: bool, separator: str) -> str:
     return DEFAULT_SEPARATOR if DEFAULT_SEPARATOR in text else mark
 
 
-def _caption_files(folder: Path, extension: str, md5s: set) -> dict:
-    """{md5: caption file} for the pictures under `folder` whose content has one of `md5s`."""
+def _caption_files(folder: Path, extension: str, md5s: set, separator: str) -> tuple[dict, bool | None]:
+    """({md5: caption file} for the pictures under `folder` whose content has one of `md5s`, how the folder's
+    captions spell multi-word tags: True with spaces, False with underscores, None when none holds one)."""
     from deepdanbooru.dataset.import_images import DEFAULT_EXTENSIONS, find_sidecar, scan
 
-    found = {}
+    found, spaced, joined = {}, 0, 0
     for image in scan(folder, DEFAULT_EXTENSIONS):
         sidecar = find_sidecar(image, extension)
         if sidecar is None:
             continue
+        try:
+            with_spaces, with_underscores = multi_word_spelling(split_caption(read_caption(sidecar), separator)[0])
+            spaced, joined = spaced + with_spaces, joined + with_underscores
+        except CaptionError:
+            pass  # a caption that is not to change may be unreadable; one that is stops the edit when read
         digest = hashlib.md5(image.read_bytes()).hexdigest()
         if digest in md5s and digest not in found:
             found[digest] = sidecar
-    return found
+    return found, (spaced > joined if spaced or joined else None)
+
+
+@dataclass
+class _Listed:
+    """One line of a dry run's list: a row's change to the database and to its caption file."""
+    post_id: int
+    tag: str
+    add: bool
+    in_database: bool  # the database changes
+    caption: Path | None = None  # the caption file that changes for it
+    no_caption: bool = False  # --captions given, no caption file found for the post
+
+    def line(self) -> str:
+        details = [] if self.in_database else [f"the post already {'has' if self.add else 'lacks'} it"]
+        if self.caption is not None:
+            details.append(f"caption {self.caption}")
+        elif self.no_caption:
+            details.append("no caption file")
+        return f"post {self.post_id}: {'add' if self.add else 'remove'} {self.tag}" + "".join(
+            f"; {detail}" for detail in details)
+
+
+def _caption_edits(rows, record, folder: Path, extension: str, separator: str, summary, listed: dict) -> list:
+    """(caption file, new text) for each post with a row whose caption the rows change, whether or not the
+    database still needs the change (a re-apply with --captions mends the captions an earlier apply left)."""
+    by_post: dict[int, list] = {}
+    for _, row in rows:
+        by_post.setdefault(row.post_id, []).append(row)
+    md5_of = {int(post_id): post["md5"] for post_id, post in record["posts"].items()}
+    files, folder_spaced = _caption_files(folder, extension, {md5_of[post_id] for post_id in by_post}, separator)
+    edits = []
+    for post_id, post_rows in sorted(by_post.items()):
+        entries = {entry.tag: entry for entry in listed.get(post_id, ())}
+        sidecar = files.get(md5_of[post_id])
+        if sidecar is None:
+            summary.no_caption.append(post_id)
+            for entry in entries.values():
+                entry.no_caption = True
+            continue
+        text = read_caption(sidecar)
+        edited = edit_caption(text, [row.tag for row in post_rows if row.given],
+                              [row.tag for row in post_rows if not row.given], separator, folder_spaced)
+        if edited == text:
+            continue
+        edits.append((sidecar, edited))
+        before = {tag_key(tag) for tag in parse_caption(text, separator)}
+        after = {tag_key(tag) for tag in parse_caption(edited, separator)}
+        for row in post_rows:
+            if (tag_key(row.tag) in before) == (tag_key(row.tag) in after):
+                continue
+            if row.tag not in entries:
+                entries[row.tag] = _Listed(post_id, row.tag, not row.given, in_database=False)
+                listed.setdefault(post_id, []).append(entries[row.tag])
+            entries[row.tag].caption = sidecar
+    return edits
 
 
 def apply_audit(project_path, apply_file, *, dry_run: bool = False, captions=None,
@@ -225,28 +294,26 @@ def apply_audit(project_path, apply_file, *, dry_run: bool = False, captions=Non
     current = _current_posts(Path(database), sorted({row.post_id for _, row in rows}))
     changes, in_effect = _plan(rows, record, current, database, general)
     summary = ApplySummary(changes, len(rows), in_effect)
+    listed = {change.post_id: [_Listed(change.post_id, tag, False, True) for tag in change.removed]
+              + [_Listed(change.post_id, tag, True, True) for tag in change.added] for change in changes}
     caption_edits = []
     if captions is not None:
         folder, extension = Path(captions), caption_extension(caption_ext)
         if not folder.is_dir():
             raise UserError(file_field(folder, None, "--captions folder not found"))
-        md5_of = {int(post_id): post["md5"] for post_id, post in record["posts"].items()}
-        files = _caption_files(folder, extension, {md5_of[change.post_id] for change in changes})
-        for change in changes:
-            sidecar = files.get(md5_of[change.post_id])
-            if sidecar is None:
-                summary.no_caption.append(change.post_id)
-                continue
-            text = read_caption(sidecar)
-            edited = edit_caption(text, change.removed, change.added, caption_separator)
-            if edited != text:
-                caption_edits.append((sidecar, edited))
+        caption_edits = _caption_edits(rows, record, folder, extension, caption_separator, summary, listed)
     summary.captions = [path for path, _ in caption_edits]
-    if not dry_run and changes:
+    if dry_run:  # each change, in the file's order, before the totals
+        order = {(row.post_id, row.tag): number for number, (_, row) in enumerate(rows)}
+        for entry in sorted((entry for entries in listed.values() for entry in entries),
+                            key=lambda entry: (entry.post_id, order.get((entry.post_id, entry.tag), 0))):
+            echo(entry.line())
+    if not dry_run and (changes or caption_edits):
         _check_writable(Path(database), summary.captions)
         summary.backup = _backup(paths.root, Path(database), summary.captions, captions)
         try:
-            _write(Path(database), changes)
+            if changes:
+                _write(Path(database), changes)
         except BaseException:
             shutil.rmtree(summary.backup, ignore_errors=True)  # the backup of a change that did not happen
             raise
@@ -255,8 +322,8 @@ def apply_audit(project_path, apply_file, *, dry_run: bool = False, captions=Non
                 write_text_atomic(sidecar, edited)
             except OSError as error:
                 raise UserError(file_field(sidecar, None, (
-                    f"cannot be written ({error.strerror or error}) after the posts were changed and "
-                    f"{done:,} of {len(caption_edits):,} caption files written; {summary.backup} holds the "
+                    f"cannot be written ({error.strerror or error}) after changing {plural(len(changes), 'post')} "
+                    f"and writing {done:,} of {len(caption_edits):,} caption files; {summary.backup} holds the "
                     "database and the caption files as they were"))) from None
     _report(summary, apply_file, database, dry_run, echo)
     return summary

@@ -96,6 +96,23 @@ def test_caption_separator(tmp_path):
                                                                             "white_background"]
 
 
+def test_a_caption_separator_no_caption_holds_is_named_with_the_captions_read_as_one_tag(tmp_path):
+    """A separator the captions do not use reads each comma list as one tag (or splits it at spaces): refused."""
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "smile,cat\n")
+    put(src, "b.png", image_bytes("PNG", color=(5, 5, 5)), "travel_&_places,sun")
+    put(src, "c.png", image_bytes("PNG", color=(9, 90, 9)), "grinning face, face")
+    refused = invoke(src, dataset, "--caption-separator", "|")
+    assert refused.exit_code != 0 and not dataset.exists()
+    assert refused.stderr == (
+        f"error: {src}: --caption-separator '|': none of the 3 caption files read holds '|': 2 of them were each "
+        "read as one tag (a.txt: 'smile,cat') and the others split at spaces or line breaks; give the separator your captions use "
+        "(',' when the option is left out)\n")
+    assert invoke(src, dataset).exit_code == 0  # the default: captions without a comma are plainly spaced tags
+    assert [post[3] for post in read_posts(dataset / "dataset.sqlite")] == ["smile cat", "travel_&_places sun",
+                                                                            "grinning_face face"]
+
+
 def test_reimporting_an_edited_caption_updates_the_post(tmp_path):
     src, dataset = tmp_path / "src", tmp_path / "dataset"
     put(src, "a.png", image_bytes("PNG"), "cat, rating:explicit")

@@ -53,6 +53,10 @@ class ImportSummary:
     updated: list[tuple[Path, int]] = field(default_factory=list)  # (path, post id) whose caption changed
     malformed: list[tuple[str, str]] = field(default_factory=list)  # tar shards: bad post objects, damaged shards
     few_tags: int = 0
+    captions_read: int = 0  # caption files read from a folder, those holding the separator's mark, and those read as
+    captions_with_separator: int = 0  # one tag: a separator no caption holds is named with them (_check_separator)
+    one_tag: int = 0
+    one_tag_example: tuple[Path, str] | None = None
     wider_formats: dict[str, int] = field(default_factory=dict)  # file_ext -> images not in the default formats
 
 
@@ -242,6 +246,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
                                                extensions, KEY_BY_NAME["minimum_tag_count"].default)
         else:
             rows, updates = _collect(images, src, known, max_id, placer, summary, caption_ext, query, separator)
+            _check_separator(summary, src, separator)
         if not rows and not existing:
             raise DatasetError(file_field(src, None, "no image could be imported "
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
@@ -284,6 +289,21 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     return summary
 
 
+def _check_separator(summary: ImportSummary, src: Path, separator: str) -> None:
+    """A --caption-separator other than the default that no caption file holds is the wrong one: each caption was
+    read as one tag or split at spaces, not at it. Refused, with how many captions it made one tag."""
+    mark = separator.strip()
+    if not mark or mark == READ_SEPARATOR.strip() or not summary.captions_read or summary.captions_with_separator:
+        return
+    ones, first = summary.one_tag, summary.one_tag_example
+    example = f" ({first[0].name}: {first[1]!r})" if first else ""
+    others = " and the others split at spaces or line breaks" if ones < summary.captions_read else ""
+    raise UserError(file_field(src, None, (
+        f"--caption-separator {separator!r}: none of the {plural(summary.captions_read, 'caption file')} read holds "
+        f"{mark!r}: {ones:,} of them {'was' if ones == 1 else 'were each'} read as one tag{example}{others}; give "
+        f"the separator your captions use ({READ_SEPARATOR!r} when the option is left out)")))
+
+
 def _post_values(tags) -> dict:
     """The posts columns a caption's tags decide."""
     general = [tag for tag in tags if not is_system_tag(tag)]
@@ -313,7 +333,13 @@ def _collect(images, src, known: dict, max_id: int, placer: _Placer, summary: Im
         if sidecar is None:
             summary.untagged.append((path, f"no {caption_ext} sidecar"))
             continue
-        tags = parse_caption(read_caption(sidecar), separator)
+        text = read_caption(sidecar)
+        tags = parse_caption(text, separator)
+        summary.captions_read += 1
+        summary.captions_with_separator += separator.strip() in text
+        if len(tags) == 1:
+            summary.one_tag += 1
+            summary.one_tag_example = summary.one_tag_example or (sidecar, text.strip())
         if not tags:
             summary.untagged.append((path, f"{sidecar.name} holds no tags"))
             continue

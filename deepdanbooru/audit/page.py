@@ -31,6 +31,7 @@ PAGE_FILE = "audit.html"
 PAGE_ROWS = 50  # rows on one page of the table; the file holds every row
 THUMBNAIL = 112
 EXPORT_NAME = "audit-accepted.csv"
+BAR_FROM = 1000  # pictures to thumbnail before a progress bar is worth showing
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
@@ -56,6 +57,7 @@ _SCRIPT = r"""
   // What the probability filter reads: the audit's estimate, else the model's score against the label.
   const figure = i => rows.probability ? rows.probability[i] : (rows.given[i] ? 1 - rows.score[i] : rows.score[i]);
   const decided = i => decisions[rows.rank[i]] || "";
+  const n = number => number.toLocaleString("en-US");
 
   function el(name, attributes, ...children) {
     const node = document.createElement(name);
@@ -110,13 +112,13 @@ _SCRIPT = r"""
     let accepted = 0, rejected = 0;
     for (let i = 0; i < count; i++) { const d = decided(i); accepted += d === "accepted"; rejected += d === "rejected"; }
     document.getElementById("counts").textContent =
-      `${accepted} accepted, ${rejected} rejected, ${count - accepted - rejected} undecided`;
-    const span = slice.length ? `rows ${start + 1}\u2013${start + slice.length}` : "no row";
-    document.getElementById("shown").textContent =
-      `${span} of the ${state.shown.length} the filters keep (${count} in all), page ${state.page + 1} of ${pages}`;
+      `${n(accepted)} accepted, ${n(rejected)} rejected, ${n(count - accepted - rejected)} undecided`;
+    const span = slice.length ? `rows ${n(start + 1)}\u2013${n(start + slice.length)}` : "no row";
+    document.getElementById("shown").textContent = `${span} of the ${n(state.shown.length)} the filters keep ` +
+      `(${n(count)} in all), page ${n(state.page + 1)} of ${n(pages)}`;
     const open = state.shown.filter(i => !decided(i)).length;
     const rest = document.getElementById("accept-rest");
-    rest.textContent = `accept the ${open} undecided rows the filters keep`;
+    rest.textContent = `accept the ${n(open)} undecided rows the filters keep`;
     rest.disabled = open === 0;
     document.getElementById("previous").disabled = state.page === 0;
     document.getElementById("next").disabled = state.page >= pages - 1;
@@ -237,13 +239,21 @@ def page_html(title: str, suggestions, pictures: dict, tags: dict, page_id: str,
 
 
 def write_page(project_root: Path, suggestions, records) -> Path:
+    from deepdanbooru.report.progress import Bar
+
     index_of = {post_id: index for index, post_id in enumerate(records.ids)}
+    posts = list(dict.fromkeys(suggestion.post_id for suggestion in suggestions))
+    # About 1 ms a picture: a bar only where the wait shows (2,752 pictures took 2.6 s).
+    bar = Bar(f"Thumbnails for {PAGE_FILE}", len(posts)) if len(posts) >= BAR_FROM else None
     pictures, tags = {}, {}
-    for suggestion in suggestions:
-        if suggestion.post_id not in pictures:
-            index = index_of[suggestion.post_id]
-            pictures[suggestion.post_id] = thumbnail(records.path(index))
-            tags[suggestion.post_id] = records.tag_strings[index]
+    for done, post_id in enumerate(posts, start=1):
+        index = index_of[post_id]
+        pictures[post_id] = thumbnail(records.path(index))
+        tags[post_id] = records.tag_strings[index]
+        if bar is not None:
+            bar.update(done)
+    if bar is not None:
+        bar.close()
     project_root = Path(project_root)
     # Decisions are stored per audit: a new audit's ranks start undecided.
     digest = hashlib.sha256(csv_text(suggestions).encode()).hexdigest()[:12]

@@ -615,6 +615,14 @@ def test_a_second_apply_with_captions_brings_the_captions_in_line_with_the_datab
     apply_audit(project, accepted, echo=lambda line: None)  # the database only: its captions were forgotten
     after = tag_strings(database)
     folder = caption_folder(tmp_path, records, [0], lambda index: ", ".join(records.tag_strings[index].split()))
+    caption = folder / f"p{records.ids[0]}.txt"
+    dry = invoke("audit", project, "--apply", accepted, "--dry-run", "--captions", folder)
+    assert dry.exit_code == 0, dry.output
+    assert dry.output.splitlines()[:2] == [f"post {records.ids[0]}: remove {wrong}; the post already lacks it; "
+                                           f"caption {caption}",
+                                           f"post {records.ids[0]}: add {missing}; the post already has it; "
+                                           f"caption {caption}"]
+    assert "would change 0 posts" in dry.output and "Caption files: would change 1" in dry.output
     lines = []
     summary = apply_audit(project, accepted, captions=folder, echo=lines.append)
     assert summary.changes == [] and summary.in_effect == 2 and tag_strings(database) == after

@@ -288,3 +288,25 @@ def test_output_is_a_source_again_and_the_module_needs_no_tensorflow(tmp_path):
     code = ("import sys, deepdanbooru.dataset.build, deepdanbooru.dataset.post_files; "
             "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize("form", ["jsonl", "parquet"])
+def test_the_general_count_comes_from_the_general_field_where_the_count_is_absent(tmp_path, form):
+    items = [{"id": 1, "md5": "a" * 32, "file_ext": "jpg", "tag_string": "a b c someone",
+              "tag_string_general": "a b c", "tag_string_artist": "someone", "rating": "g"}]
+    result = invoke(WRITERS[form](tmp_path / "p", items), tmp_path / "o.sqlite")
+    assert result.exit_code == 0, result.output
+    assert rows(tmp_path / "o.sqlite", "tag_string, tag_count_general") == [("a b c someone rating:general", 3)]
+
+
+def test_parquet_reads_only_the_columns_a_post_row_needs():
+    api = ["id", "md5", "file_ext", "tag_string", "tag_count_general", "rating", "score", "is_deleted",
+           "file_url", "tag_string_general", "tag_string_artist", "source"]
+    assert post_files.parquet_columns(api) == ["id", "md5", "file_ext", "tag_string", "tag_count_general", "rating",
+                                               "score", "is_deleted"]
+    no_count = [name for name in api if name != "tag_count_general"]
+    assert "tag_string_general" in post_files.parquet_columns(no_count)
+    categories = ["id", "md5", "file_ext", "tag_string_general", "tag_string_meta", "tags"]
+    assert post_files.parquet_columns(categories) == ["id", "md5", "file_ext", "tag_string_general",
+                                                      "tag_string_meta"]
+    assert post_files.parquet_columns(["id", "md5", "file_ext", "tags"]) == ["id", "md5", "file_ext", "tags"]

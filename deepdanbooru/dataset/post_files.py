@@ -32,6 +32,7 @@ GENERAL_CATEGORIES = (0, "0", "general")
 FIELDS = ("id", "md5", "file_ext", "tag_string", *CATEGORY_FIELDS, "tags", "tag_count_general", "rating", "score",
           "is_deleted")
 _READ_BYTES = 1 << 20
+_PARQUET_BATCH = 8192
 _MAX_ITEM = 64 << 20  # a post object larger than this is taken as malformed
 
 
@@ -73,7 +74,7 @@ class ReadSummary:
     """What reading found besides the rows: ids that are not integers, and which optional fields never occur."""
 
     non_integer_ids: int = 0
-    seen: set = field(default_factory=set)  # of "rating", "is_deleted", "categories"
+    seen: set = field(default_factory=set)  # of "rating", "is_deleted": the optional fields some post has
 
 
 def _integer(value):
@@ -126,23 +127,19 @@ def post_row(post, source, where, summary: ReadSummary) -> tuple:
                 raise DatasetError(file_field(source, where, f"{bad} is not text"))
             tag_string = " ".join(part for part in parts if part and part.strip())
             general = len((parts[0] or "").split())
-            summary.seen.add("categories")
         elif isinstance(tags, (list, tuple)):
             names, general = _names(tags, source, where)
             tag_string = " ".join(name.strip().replace(" ", "_") for name in names if name.strip())
-            if general is not None:
-                summary.seen.add("categories")
         elif isinstance(tags, str):
             tag_string = tags
-        elif tags is not None and not hasattr(tags, "__iter__"):
-            raise DatasetError(file_field(source, where, f"tags {tags!r} is neither text nor a list"))
         elif tags is not None:
-            names, general = _names(list(tags), source, where)
-            tag_string = " ".join(names)
+            raise DatasetError(file_field(source, where, f"tags {tags!r} is neither text nor a list"))
         else:
             raise DatasetError(file_field(source, where, "post has no tag_string, tag_string_general ... "
                                                          "tag_string_meta or tags"))
     count = post.get("tag_count_general")
+    if count is None and general is None and isinstance(post.get("tag_string_general"), str):
+        general = len(post["tag_string_general"].split())
     if count is None:
         count = general
     if count is None and isinstance(tag_string, str):
@@ -293,10 +290,11 @@ class PostFile:
                                                             f"{PARQUET_HINT}")) from None
         try:
             table = parquet.ParquetFile(self.path)
-            names = [name for name in FIELDS if name in table.schema_arrow.names]
+            names = parquet_columns(table.schema_arrow.names)
             self.total = table.metadata.num_rows
             number = 0
-            for batch in table.iter_batches(batch_size=chunk_size, columns=names):
+            # Small batches: each becomes Python objects at once; the chunk of rows is gathered in chunks().
+            for batch in table.iter_batches(batch_size=min(chunk_size, _PARQUET_BATCH), columns=names):
                 columns = [batch.column(name).to_pylist() for name in names]
                 for values in zip(*columns):
                     number += 1
@@ -304,6 +302,22 @@ class PostFile:
                 self.position = int(self.size * number / max(self.total, 1))
         except (pyarrow.ArrowException, OSError) as error:
             raise DatasetError(file_field(self.path, None, f"cannot be read as Parquet: {_short(error)}")) from None
+
+
+def parquet_columns(present) -> list[str]:
+    """The columns post_row reads from a table with these columns: the category fields or the tags list only where
+    tag_string is absent, tag_string_general for the general count only where tag_count_general is absent."""
+    present = set(present)
+    wanted = {"id", "md5", "file_ext", "tag_count_general", "rating", "score", "is_deleted"}
+    if "tag_string" in present:
+        wanted.add("tag_string")
+        if "tag_count_general" not in present:
+            wanted.add("tag_string_general")
+    elif present & set(CATEGORY_FIELDS):
+        wanted.update(CATEGORY_FIELDS)
+    else:
+        wanted.add("tags")
+    return [name for name in FIELDS if name in wanted and name in present]
 
 
 def _peek_first(stream) -> bytes:

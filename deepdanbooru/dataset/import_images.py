@@ -243,7 +243,8 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
         query = connection.execute if connection is not None else None
         if shards:
             rows, updates = tar_shards.collect(shards, known, max_id, placer, summary, caption_ext, query, separator,
-                                               extensions, KEY_BY_NAME["minimum_tag_count"].default)
+                                               extensions, KEY_BY_NAME["minimum_tag_count"].default,
+                                               (detect_format, _Unreadable, _post_values))
         else:
             rows, updates = _collect(images, src, known, max_id, placer, summary, caption_ext, query, separator)
             _check_separator(summary, src, separator)

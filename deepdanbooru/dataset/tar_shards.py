@@ -20,7 +20,6 @@ from pathlib import Path
 
 from deepdanbooru.captions import parse_caption
 from deepdanbooru.dataset.build import with_rating_tag
-from deepdanbooru.dataset.import_images import _post_values, _Unreadable, detect_format
 from deepdanbooru.dataset.post_files import ReadSummary, _short, post_row
 from deepdanbooru.errors import DatasetError, file_field
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS
@@ -179,9 +178,14 @@ def _with_file_ext(post):
 
 
 def collect(shards, known: dict, max_id: int, placer, summary, caption_ext: str, query, separator: str,
-            extensions, minimum: int):
+            extensions, minimum: int, pictures):
     """(rows to insert, (post id, new values) for known pictures whose tags changed), as import_images._collect
-    gives for a folder; problems are added to `summary` and the rest is imported."""
+    gives for a folder; problems are added to `summary` and the rest is imported.
+
+    pictures: import-images' own (detect_format, the error it raises, post_values), so a picture and its tags
+    are judged exactly as from a folder.
+    """
+    detect_format, unreadable, post_values = pictures
     caption_ext = caption_ext.lstrip(".").lower()
     extensions = tuple(extensions)
     rows, updates, first = [], [], {}
@@ -207,7 +211,7 @@ def collect(shards, known: dict, max_id: int, placer, summary, caption_ext: str,
                 continue
             data = sample.members[picture][1]
             md5 = hashlib.md5(data).hexdigest()
-            values = _post_values(tags)
+            values = post_values(tags)
             if general is not None:  # the post object's own count of general tags
                 values["tag_count_general"] = general
             if md5 in known and md5 not in first and query is not None:
@@ -222,7 +226,7 @@ def collect(shards, known: dict, max_id: int, placer, summary, caption_ext: str,
                 continue
             try:
                 ext = detect_format(data)
-            except _Unreadable as error:
+            except unreadable as error:
                 summary.unreadable.append((where, str(error)))
                 continue
             placer.place(None, data, md5, ext)

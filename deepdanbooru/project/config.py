@@ -145,6 +145,18 @@ def _optional_float(**limits) -> Callable[[Any], float | None]:
     return _or_null(_float(**limits))
 
 
+def _mixing_weights(value) -> tuple[float, ...] | None:
+    """null, or a non-empty list of numbers in [0, 1] (kept sorted, without repeats)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise _Invalid(f"must be a non-empty list of numbers from 0 to 1, or null, got {_show(value)}")
+    weights = [_number(item) for item in value]
+    if any(not 0.0 <= weight <= 1.0 for weight in weights):
+        raise _Invalid(f"every number must be from 0 to 1, got {_show(value)}")
+    return tuple(sorted(set(weights)))
+
+
 def split_address(text: str) -> tuple[str, int]:
     """HOST:PORT (grpc:// allowed, as TensorFlow writes it) -> (host, port); ValueError saying why otherwise."""
     host, sep, port = text.removeprefix("grpc://").rpartition(":")
@@ -440,6 +452,13 @@ KEYS: tuple[Key, ...] = (
         "the top layers and the head; 0: the head alone; the rest is frozen (no gradients, no optimizer state, "
         "its batch norm on moving statistics); null: every layer", "int or null",
         ">= 0, at most the model's block count", spec=False),
+    Key("wise_ft", None, _mixing_weights,
+        "with --source-model: the final export (and a --time-limit stop's) holds (1 - a) * start + a * trained "
+        "for every weight the run trains, a the one of this list scoring the best validation mAP, start the "
+        "weights the run began from (the source, its head mapped onto tags.txt); training and every other export "
+        "are unchanged (WiSE-FT weight-space ensembling, see docs/finetuning.md); a checkpoint written without it "
+        "does not resume with it; null: the trained weights",
+        "list of numbers or null", "each 0 <= a <= 1, at least one", spec=False),
     Key("resample_positions", False, _bool,
         "with a ViT or EVA02 timm checkpoint folder as --source-model whose input size is not image_width x "
         "image_height: resample its position table bicubically to the project's token grid (EVA02's rotary "
@@ -531,6 +550,7 @@ class ProjectConfig:
     backbone_weights: Path | None
     freeze_backbone_epochs: int
     trainable_blocks: int | None
+    wise_ft: tuple[float, ...] | None
     resample_positions: bool
     padding: str
     alpha: str

@@ -56,6 +56,8 @@ class TimeBudget:
         # The most recent of each, for planning (training/fit.py): the longest is usually the first, which
         # carries tracing and compiling, and would plan every later one as slow as that.
         self.recent_checkpoint = self.recent_validation = self.recent_export = None
+        # Validations the run's last export adds to an ordinary one's (wise_ft tries one a mixing weight).
+        self.final_validations = 0
 
     @property
     def margin(self) -> float:
@@ -91,11 +93,16 @@ class TimeBudget:
         # An export may validate first (when the last slice did not), for the thresholds beside it.
         return EXPORT_PER_CHECKPOINT * self.longest_checkpoint + self.longest_validation
 
+    def final_extra(self) -> float:
+        """Seconds the last export takes beyond an ordinary one (wise_ft's validations)."""
+        return self.final_validations * self.longest_validation
+
     def needed(self, exports: int) -> float:
-        """Seconds one more slice and then `exports` exports take, margin included (0 before any slice)."""
+        """Seconds one more slice and then `exports` exports take (the last one the run's last), margin
+        included (0 before any slice)."""
         if self.longest_slice is None:
             return 0.0
-        return self.longest_slice + exports * self.export_estimate() + self.margin
+        return self.longest_slice + exports * self.export_estimate() + self.final_extra() + self.margin
 
     def another_slice_fits(self, exports: int) -> bool:
         """Whether a slice followed by `exports` exports ends before the limit (always, before the first)."""

@@ -128,7 +128,8 @@ class FitMonitor(Monitor):
     def seconds_left(self, costs: EpochCosts) -> float:
         """The limit's time left for epochs, after this slice's checkpoint, the final export and the margin."""
         budget = self.budget
-        return budget.seconds - budget.elapsed() - costs.checkpoint - costs.export - budget.margin
+        return (budget.seconds - budget.elapsed() - costs.checkpoint - costs.export - budget.final_extra()
+                - budget.margin)
 
     def agreed(self, epochs: int) -> int:
         """In a cluster every worker must train the same schedule: the workers' plans, averaged, rounded down."""

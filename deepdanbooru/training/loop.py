@@ -57,6 +57,7 @@ from deepdanbooru.training.source import claim_project
 from deepdanbooru.training.start import measure_start
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import check_global_batch, describe_strategy, synchronize_batch_norm
+from deepdanbooru.training.wise import StartWeights, check_resumable
 
 
 def _enable_determinism(seed: int) -> None:
@@ -123,6 +124,7 @@ class SliceTrainer:
                                                             self.rates.rate(0, 0))
             self.ema = WeightAverage(self.model, self.config.ema_decay, self.partial.frozen if self.partial else ()) \
                 if self.config.ema_decay else None
+            self.wise = self._start_weights(recorded)
         if self.role.is_chief:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             claim_project(plan, self.latest)
@@ -137,7 +139,7 @@ class SliceTrainer:
             echo(f"Exports: {self.paths.final_export(self.exports).name} and the others of its name, after the "
                  f"network that trains (project.json's model {self.config.model} names runs from the model table)")
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
-                                       self.monitors, echo)
+                                       self.monitors, echo, start=self.wise)
         restoring = time.monotonic()
         self.counters = self.keeper.restore()
         restore_seconds = time.monotonic() - restoring
@@ -155,9 +157,22 @@ class SliceTrainer:
                                      trains=f"trainable_blocks' {self.partial.part()}" if self.partial else "every layer")
         self.budget = plan.time_budget
         self.report = RunReport(plan, self.schedule, self.rates, self.counters, self.step.sums, self.monitors)
-        self.outputs = Outputs(plan, self.model, self.ema, self.monitors, self.jit_compile, echo)
+        self.outputs = Outputs(plan, self.model, self.ema, self.monitors, self.jit_compile, echo, wise=self.wise)
+        if self.wise is not None and self.budget is not None:
+            self.budget.final_validations = len(self.wise.alphas)
         self.slices = SliceRunner(plan, strategy, self.worker_sums, self.step, self.optimizer, self.rates,
                                   self.counters, self.report, self.monitors, self._check_finite)
+
+    def _start_weights(self, recorded) -> StartWeights | None:
+        """wise_ft's copy of the weights the run starts from (training.wise), when it has a source to mix with."""
+        if not self.config.wise_ft:
+            return None
+        if self.plan.source_model is None and recorded is None:
+            self.echo(f"notice: wise_ft in {self.config.config_path} mixes with a --source-model's weights; this run "
+                      "starts from no source, so its exports hold the trained weights")
+            return None
+        check_resumable(self.latest, self.config)
+        return StartWeights(self.model, self.config.wise_ft, self.partial.frozen if self.partial else ())
 
     def _agree_with_the_other_workers(self) -> WorkerSums | None:
         if not self.role.in_cluster:

@@ -112,41 +112,6 @@ def make_project(folder: Path, database: Path, tags_file: Path, **overrides) -> 
     return folder
 
 
-def ranking_figures(project: Path, injected: set) -> dict:
-    """Top-N precision/recall of cleanlab's ranking and of the plain margin, from the audit's saved scores."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from deepdanbooru.audit.ranking import rank_labels
-
-    saved = np.load(project / "audit" / "scores.npz")
-    ids, given, scores, tags = saved["ids"], saved["given"], saved["scores"], list(saved["tags"])
-    truth = np.zeros(given.shape, dtype=bool)
-    column = {tag: index for index, tag in enumerate(tags)}
-    row = {int(post_id): index for index, post_id in enumerate(ids)}
-    for post_id, tag in injected:
-        if post_id in row and tag in column:
-            truth[row[post_id], column[tag]] = True
-    n = int(truth.sum())
-    ranking = rank_labels(given, scores)
-    margin = np.abs(given - scores)  # the plain margin: how far the score is from the given label
-    margin_order = np.argsort(-margin, axis=None, kind="stable")[:n]
-    cleanlab_top = ranking.full_order()[:n]
-    flagged = ranking.flagged
-    rows = ranking.order()  # audit.csv's rows
-    hits = {
-        "cleanlab": int(truth[cleanlab_top[:, 0], cleanlab_top[:, 1]].sum()),
-        "margin": int(truth.flat[margin_order].sum()),
-    }
-    return {
-        "injected": n, "labels": int(given.size),
-        **{f"{name}_top_n_precision": hit / n for name, hit in hits.items()},
-        **{f"{name}_top_n_recall": hit / n for name, hit in hits.items()},
-        "rows": len(rows),  # audit.csv: as many as the filter flags, lowest quality first
-        "rows_precision": float(truth[rows[:, 0], rows[:, 1]].mean()) if len(rows) else None,
-        "rows_recall": float(truth[rows[:, 0], rows[:, 1]].sum() / n),
-        "filter_set_precision": float(truth[flagged].mean()) if flagged.any() else None,
-    }
-
-
 def test_metrics(model: Path, test_project: Path) -> dict:
     out = cli("evaluate-project", test_project, "--metrics", "--split", "all", "--model-path", model,
               "--threshold", "0.5", "--format", "json")
@@ -161,6 +126,148 @@ def export_of(project: Path) -> Path:
     sys.exit(f"no export in {project}")
 
 
+EMOJI_RECIPE = {  # the source tagger's own recipe (bench/transfer_recipes.json scratch_fit over quality.py's base)
+    "minimum_tag_count": 1, "image_extensions": ["png"], "seed": 0, "validation_fraction": 0.1,
+    "validation_frequency_slices": 1, "validation_threshold": 0.5, "checkpoint_frequency_mb": 100,
+    "console_logging_frequency_mb": 10, "epoch_count": "fit", "mixed_precision": False, "image_width": 64,
+    "image_height": 64, "model": "resnet_small", "optimizer": "adamw", "weight_decay": 0.05, "learning_rate": 0.002,
+    "learning_rates": [{"used_fraction": 0.675, "learning_rate": 0.0005}, {"used_fraction": 0.925, "learning_rate": 0.0002}],
+    "loss": "asymmetric", "export_model_per_epoch": 1000,
+}
+COMMON_TAGS, REMOVED_POSTS, ADDED_POSTS = 30, 0.12, 0.06
+
+
+def emoji_subset(source: Path, target: Path, count: int, seed: int = 0) -> None:
+    """`count` posts of `source` drawn at random (seeded); pictures linked, tags.txt copied."""
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "dataset.sqlite", target / "dataset.sqlite")
+    shutil.copy(source / "tags.txt", target / "tags.txt")
+    if not (target / "images").exists():
+        os.symlink((source / "images").resolve(), target / "images")
+    ids = [post_id for post_id, _ in posts(target / "dataset.sqlite")]
+    keep = set(np.random.default_rng(seed).choice(ids, min(count, len(ids)), replace=False).tolist())
+    connection = sqlite3.connect(target / "dataset.sqlite")
+    connection.executemany("DELETE FROM posts WHERE id = ?", [(i,) for i in ids if i not in keep])
+    connection.commit()
+    connection.execute("VACUUM")
+    connection.close()
+
+
+def inject_common(database: Path, seed: int = 0) -> set:
+    """The issue's mistakes: one common tag (the COMMON_TAGS most carried) removed from REMOVED_POSTS of the
+    posts (drawn among those carrying one) and one common tag a post lacks added to ADDED_POSTS of them
+    (other posts). Returns the injected (id, tag) pairs."""
+    rng = np.random.default_rng(seed)
+    rows = posts(database)
+    counts = {}
+    for _, tag_string in rows:
+        for tag in tag_string.split():
+            counts[tag] = counts.get(tag, 0) + 1
+    common = sorted(counts, key=lambda tag: (-counts[tag], tag))[:COMMON_TAGS]
+    order = rng.permutation(len(rows))
+    removed, added, changed = set(), set(), {}
+    carriers = [i for i in order if set(rows[i][1].split()) & set(common)]
+    for i in carriers[:int(round(REMOVED_POSTS * len(rows)))]:
+        post_id, tag_string = rows[i]
+        tag = str(rng.choice(sorted(set(tag_string.split()) & set(common))))
+        removed.add((post_id, tag))
+        changed[post_id] = [t for t in tag_string.split() if t != tag]
+    others = [i for i in order if rows[i][0] not in changed]
+    for i in others[:int(round(ADDED_POSTS * len(rows)))]:
+        post_id, tag_string = rows[i]
+        tag = str(rng.choice(sorted(set(common) - set(tag_string.split()))))
+        added.add((post_id, tag))
+        changed[post_id] = tag_string.split() + [tag]
+    connection = sqlite3.connect(database)
+    for post_id, tags in changed.items():
+        general = [tag for tag in tags if not tag.startswith("rating:")]
+        connection.execute("UPDATE posts SET tag_string = ?, tag_count_general = ? WHERE id = ?",
+                           (" ".join(tags), len(general), post_id))
+    connection.commit()
+    connection.close()
+    return removed | added
+
+
+def emoji_case(args) -> None:
+    """The issue's case on drawn pictures: --count posts of --emoji with the common-tag mistakes injected,
+    audited with --model-path and with 3 folds of --fold-time each; figures from each audit's outputs."""
+    work = args.work or Path(tempfile.mkdtemp(prefix="audit-emoji-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "audit-emoji.log"
+    data = work / "data"
+    if not (data / "injected.json").is_file():
+        emoji_subset(args.emoji, data, args.count)
+        injected = inject_common(data / "dataset.sqlite")
+        (data / "injected.json").write_text(json.dumps(sorted(injected)) + "\n")
+    injected = {tuple(pair) for pair in json.loads((data / "injected.json").read_text())}
+    results = {"data": str(args.emoji), "count": args.count, "injected": len(injected)}
+    recipe = dict(EMOJI_RECIPE)
+    runs = []
+    if "model" not in args.skip and args.model_path is not None:
+        runs.append(("model_path", ["--model-path", args.model_path]))
+    if "folds" not in args.skip:
+        runs.append(("folds", ["--folds", 3, "--time-limit", args.fold_time]))
+    for name, options in runs:
+        folder = work / f"p-{name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "project.json").write_text(json.dumps(dict(recipe, database_path=str(data / "dataset.sqlite")),
+                                                        indent=2) + "\n")
+        shutil.copy(data / "tags.txt", folder / "tags.txt")
+        t0 = time.monotonic()
+        cli("audit", folder, *options, log=log)
+        results[name] = dict(audit_figures(folder, injected), seconds=round(time.monotonic() - t0))
+        print(name, json.dumps(results[name], indent=1), flush=True)
+    (args.out / "audit-emoji.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def audit_figures(project: Path, injected: set) -> dict:
+    """What a person reviewing the audit meets: precision of its first 50, 100 and N rows in the ranked
+    order (N = the injected mistakes on tags the scores cover), the default list's rows, precision and
+    recall, and the same top-N figures for other rankings of the same scores."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from deepdanbooru.audit.ranking import rank_labels
+
+    saved = np.load(project / "audit" / "scores.npz")
+    ids, given, scores, tags = saved["ids"], saved["given"], saved["scores"], list(saved["tags"])
+    truth = np.zeros(given.shape, dtype=bool)
+    column = {tag: index for index, tag in enumerate(tags)}
+    row = {int(post_id): index for index, post_id in enumerate(ids)}
+    for post_id, tag in injected:
+        if post_id in row and tag in column:
+            truth[row[post_id], column[tag]] = True
+    n = int(truth.sum())
+    ranking = rank_labels(given, scores)
+    full = ranking.full_order()
+    hits = truth[full[:, 0], full[:, 1]]
+    default = ranking.order()
+    found = truth[default[:, 0], default[:, 1]] if len(default) else np.zeros(0, dtype=bool)
+    margin = np.argsort(-np.abs(given - scores), axis=None, kind="stable")[:n]
+    try:  # the ranking audit used before its own calibration: cleanlab's label quality, for comparison
+        from cleanlab.multilabel_classification import rank as cl_rank
+
+        quality = np.asarray(cl_rank.get_label_quality_scores_per_class(
+            [np.flatnonzero(r).tolist() for r in given], np.clip(scores, 0, 1), method="self_confidence",
+            adjust_pred_probs=True))
+        cleanlab_order = np.argsort(quality, axis=None, kind="stable")
+        cleanlab = {f"cleanlab_precision_at_{k}": float(truth.flat[cleanlab_order[:k]].mean())
+                    for k in (50, 100, n)}
+    except ImportError:
+        cleanlab = {}
+    figures = {"injected_known": n, "labels": int(given.size),
+               **{f"precision_at_{k}": float(hits[:k].mean()) if len(hits) else None for k in (50, 100)},
+               "precision_at_n": float(hits[:n].mean()), "rows": int(len(default)),
+               "rows_precision": float(found.mean()) if len(found) else None,
+               "rows_recall": float(found.sum() / n) if n else None,
+               "ranked_anywhere": int(hits.sum()), "margin_precision_at_n": float(truth.flat[margin].mean()),
+               **cleanlab}
+    summary = project / "audit" / "audit.json"
+    if summary.is_file():
+        record = json.loads(summary.read_text())
+        figures["summary"] = {key: record[key] for key in ("estimated_errors", "validation", "skipped_tags")
+                              if key in record}
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=2000)
@@ -172,7 +279,13 @@ def main() -> None:
     parser.add_argument("--retrain-epochs", type=int, default=10)
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path, default=Path("audit-results"))
+    parser.add_argument("--emoji", type=Path, help="a dataset folder of drawn pictures (the transfer bench's "
+                        "finetune/): measure on it instead of the generated shapes (see emoji_case)")
+    parser.add_argument("--model-path", type=Path, help="with --emoji: the tagger for the --model-path audit")
+    parser.add_argument("--skip", default="", help="with --emoji: 'folds' or 'model' to leave that audit out")
     args = parser.parse_args()
+    if args.emoji is not None:
+        return emoji_case(args)
     work = args.work or Path(tempfile.mkdtemp(prefix="audit-bench-"))
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "audit-bench.log"
@@ -195,14 +308,14 @@ def main() -> None:
     kfold = make_project(work / "p-kfold", noisy / "dataset.sqlite", tags_file)
     t0 = time.monotonic()
     cli("audit", kfold, "--folds", 3, "--time-limit", args.fold_time, log=log)
-    results["kfold"] = dict(ranking_figures(kfold, injected), seconds=round(time.monotonic() - t0))
+    results["kfold"] = dict(audit_figures(kfold, injected), seconds=round(time.monotonic() - t0))
     print("k-fold:", results["kfold"], flush=True)
 
     outside_project = make_project(work / "p-outside", outside_data / "dataset.sqlite", tags_file)
     cli("train-project", outside_project, "--time-limit", args.train_time, log=log)
     by_model = make_project(work / "p-model", noisy / "dataset.sqlite", tags_file)
     cli("audit", by_model, "--model-path", export_of(outside_project), log=log)
-    results["model_path"] = ranking_figures(by_model, injected)
+    results["model_path"] = audit_figures(by_model, injected)
     print("model-path:", results["model_path"], flush=True)
 
     # The fixed data: the noisy database with the top-N K-fold suggestions a reviewer who knows the truth

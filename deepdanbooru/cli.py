@@ -788,8 +788,11 @@ def report(project_path, model_path, save_path, allow_gpu, batch_size):
                    "--source-model takes) that never saw these posts; its tags are matched to tags.txt by name.")
 @click.option("--time-limit", metavar="DURATION", help="With --folds: each fold's training time, as train-project's.")
 @click.option("--top", type=click.IntRange(min=1), metavar="N",
-              help="Keep the N suggestions most likely a mistake  [default: every label confident learning "
-                   "counts as wrong].")
+              help="List the N labels most likely a mistake  [default: those with a probability of 0.5 or more, "
+                   "no more than the estimated number of label errors].")
+@click.option("--min-probability", type=click.FloatRange(0.0, 1.0), metavar="P",
+              help="List the labels whose estimated probability of being a mistake is P or more (with --top: "
+                   "the first N of them).")
 @_BATCH_SIZE
 @click.option("--apply", "apply_file", type=click.Path(dir_okay=False, path_type=str),
               help="Apply the rows of FILE (audit.csv's format: the page's export, or a copy of audit.csv without "
@@ -800,12 +803,12 @@ def report(project_path, model_path, save_path, allow_gpu, batch_size):
 @click.option("--caption-extension", default=".txt", show_default=True, help="With --captions: their extension.")
 @click.option("--caption-separator", default=",", show_default=True,
               help="With --captions: the string between their tags, as import-images read them.")
-def audit(project_path, folds, model_path, time_limit, top, batch_size, apply_file, dry_run, captions,
+def audit(project_path, folds, model_path, time_limit, top, min_probability, batch_size, apply_file, dry_run, captions,
           caption_extension, caption_separator):
     """Rank the tags of PROJECT_PATH's posts most likely wrong or missing (PROJECT_PATH/audit.csv, audit.html).
 
-    Scores come from models that did not train on the post (--folds K or --model-path); labels are ranked
-    by confident learning (cleanlab, the optional extra deepdanbooru[audit], AGPL-3.0). docs/audit.md.
+    Scores come from models that did not train on the post (--folds K or --model-path); each label gets the
+    probability that it is a mistake, from those scores calibrated tag by tag on the posts. docs/audit.md.
     """
     if apply_file is None:
         if dry_run or captions is not None:
@@ -815,11 +818,12 @@ def audit(project_path, folds, model_path, time_limit, top, batch_size, apply_fi
 
         seconds = parse_duration(time_limit) if time_limit is not None else None
         run_audit(project_path, folds=folds, model_path=model_path, time_limit=seconds, time_limit_text=time_limit,
-                  top=top, batch_size=batch_size, echo=click.echo)
+                  top=top, min_probability=min_probability, batch_size=batch_size, echo=click.echo)
         return
-    if folds is not None or model_path is not None or time_limit is not None or top is not None:
+    if folds is not None or model_path is not None or time_limit is not None or top is not None or \
+            min_probability is not None:
         raise click.UsageError("--apply applies a file of an earlier audit; it takes no --folds, --model-path, "
-                               "--time-limit or --top")
+                               "--time-limit, --top or --min-probability")
     from deepdanbooru.audit.apply import apply_audit
 
     apply_audit(project_path, apply_file, dry_run=dry_run, captions=captions, caption_ext=caption_extension,

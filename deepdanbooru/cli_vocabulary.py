@@ -94,6 +94,7 @@ VOCABULARY: tuple[Term, ...] = (
     # The audit.
     Term("--folds", "how many folds: models each trained on the others, scoring the one they did not see"),
     Term("--top", "keep the N first suggestions"),
+    Term("--min-probability", "keep the suggestions whose estimated probability of being a mistake is at least P"),
     Term("--apply", "apply the rows of a file (audit.csv's format) to the posts"),
     Term("--dry-run", "print what would change, change nothing"),
     Term("--captions", "the folder of pictures and caption files a dataset was imported from"),

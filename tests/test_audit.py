@@ -49,8 +49,10 @@ def audited_project(tmp_path, own_dataset, flips=((0, 0), (3, 5), (7, 2), (10, 1
     for row, column in flips:
         scores[row, column] = 1.0 - scores[row, column]
     lines = []
+    # 24 posts are too few for the calibration to call any label more likely wrong than not: the rows are
+    # the first len(flips) in its order.
     suggestions = finish(ProjectPaths(project), records, tags, np.arange(len(records)), scores,
-                         list(range(len(tags))), "test scores", None, lines.append)
+                         list(range(len(tags))), "test scores", len(flips), lines.append)
     return project, records, suggestions, lines
 
 
@@ -122,7 +124,14 @@ def test_audit_csv_lists_the_disagreements_with_their_record(tmp_path, own_datas
     assert [int(row[6]) for row in rows[1:]] == [1, 2, 3, 4]
     record = json.loads((project / "audit" / "audit.json").read_text())
     assert set(record["posts"]) == {str(post) for post, _ in expected}
-    assert "4 suggestions" in lines[0]
+    # Every row carries its probability, in audit.csv and audit.json alike, most likely a mistake first.
+    probabilities = [float(row[7]) for row in rows[1:]]
+    assert probabilities == sorted(probabilities, reverse=True) and all(0 < p < 1 for p in probabilities)
+    assert [(r["post_id"], r["tag"], r["probability"]) for r in record["rows"]] == [
+        (int(row[0]), row[2], float(row[7])) for row in rows[1:]]
+    assert record["validation"][0]["model"] == "test scores" and record["validation"][0]["posts"] == 24
+    assert record["estimated_errors"] > 0 and set(record["noise_rates"]) == {"missing", "wrong"}
+    assert "4 suggestions" in lines[-2] and "label errors estimated" in lines[-2]
 
 
 def test_apply_changes_the_posts_once_after_a_backup_that_restores_them(tmp_path, own_dataset, capsys):
@@ -189,15 +198,23 @@ def test_apply_refuses_rows_of_another_audit_and_posts_edited_since(tmp_path, ow
 def test_apply_file_needs_audit_csv_columns(tmp_path):
     path = tmp_path / "x.csv"
     path.write_text("post_id,tag\n1,a\n")
-    with pytest.raises(UserError, match="x.csv: header: must be post_id,md5,tag,given,score,kind,rank"):
+    with pytest.raises(UserError, match="x.csv: header: must be post_id,md5,tag,given,score,kind,rank,probability"):
         read_suggestions(path)
-    path.write_text(",".join(COLUMNS) + "\n1,abc,red,1,0.2,missing,1\n")
+    path.write_text(",".join(COLUMNS) + "\n1,abc,red,1,0.2,missing,1,0.7\n")
     with pytest.raises(UserError, match="line 2: given 1 with kind 'missing'"):
         read_suggestions(path)
-    for score, rank in (("nan", "1"), ("7.5", "1"), ("0.2", "-3"), ("0.2", "0")):
-        path.write_text(",".join(COLUMNS) + f"\n1,abc,red,1,{score},wrong,{rank}\n")
-        with pytest.raises(UserError, match=rf"line 2: score {score} must be a number from 0 to 1 and rank {rank} a "):
+    for score, rank, probability in (("nan", "1", "0.5"), ("7.5", "1", "0.5"), ("0.2", "-3", "0.5"),
+                                     ("0.2", "0", "0.5"), ("0.2", "1", "1.5"), ("0.2", "1", "nan")):
+        path.write_text(",".join(COLUMNS) + f"\n1,abc,red,1,{score},wrong,{rank},{probability}\n")
+        with pytest.raises(UserError, match=rf"line 2: score {score} and probability {probability} must be numbers "
+                                            rf"from 0 to 1 and rank {rank} a "):
             read_suggestions(path)
+    path.write_text(",".join(COLUMNS) + "\n1,abc,red,1,0.2,wrong,1,0.25\n")
+    assert read_suggestions(path)[0][1].probability == 0.25
+    # A file of an audit from before the probability column reads as it did.
+    path.write_text(",".join(COLUMNS[:-1]) + "\n1,abc,red,1,0.2,wrong,1\n")
+    (line, row), = read_suggestions(path)
+    assert (line, row.tag, row.given, row.score, row.rank, row.probability) == (2, "red", 1, 0.2, 1, None)
 
 
 def test_apply_edits_the_caption_files_of_the_imported_pictures(tmp_path, own_dataset):
@@ -445,15 +462,15 @@ def check_audit_page(visit, project, tmp_path):
     assert visit.network_requests == [], visit.network_requests
 
 
-def test_without_cleanlab_the_audit_says_how_to_install_it_before_anything(sample_project, monkeypatch):
+def test_the_ranking_needs_no_cleanlab(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "cleanlab", None)  # import cleanlab then fails
-    monkeypatch.setitem(sys.modules, "cleanlab.multilabel_classification", None)
-    result = invoke("audit", sample_project, "--folds", 2)
-    assert result.exit_code != 0
-    assert "cleanlab (AGPL-3.0), an optional extra: pip install 'deepdanbooru[audit]'" in result.output
-    assert sorted(p.name for p in sample_project.iterdir()) == ["project.json", "tags.txt"]
+    given = np.zeros((40, 3), dtype=bool)
+    given[:20, 0] = given[10:30, 1] = given[::2, 2] = True
+    scores = np.where(given, 0.9, 0.1)
+    scores[3, 0] = 0.02
+    assert tuple(rank_labels(given, scores).full_order()[0]) == (3, 0)
 
 
 def synthetic_page(tmp_path, count=130, probability=True):
@@ -664,3 +681,139 @@ def test_caption_edits_follow_the_folder_s_spelling_of_multi_word_tags(tmp_path,
 ])
 def test_a_caption_without_a_multi_word_entry_takes_the_folder_s_spelling(text, folder, expected):
     assert edit_caption(text, [], ["travel_&_places"], folder_spaced=folder) == expected
+
+
+def test_fold_state_records_the_tags_and_split_and_a_change_is_one_line(tmp_path, sample_dataset):
+    from deepdanbooru.audit.folds import STATE_FILE, prepare_folds
+    from deepdanbooru.errors import TrainingError
+
+    records = load_records(sample_dataset[0], 1)
+    tags = list(sample_dataset[1])
+    audit_dir, tags_path = tmp_path / "audit", tmp_path / "tags.txt"
+    fold_of = assign_folds(records, 3, seed=0)
+    prepare_folds(audit_dir, records, 3, 0, tags, fold_of, tags_path)
+    state = json.loads((audit_dir / STATE_FILE).read_text())
+    assert state["tags"] == tags
+    assert [sorted(ids) for ids in state["split"]] == [
+        sorted(np.asarray(records.ids)[fold_of == index].tolist()) for index in range(3)]
+    written = (audit_dir / STATE_FILE).read_bytes()
+    for changed, says in ((["new_first"] + tags, "added: new_first"), (tags[1:], f"removed: {tags[0]}"),
+                          (tags[::-1], "the same tags in another order")):
+        with pytest.raises(TrainingError) as refused:
+            prepare_folds(audit_dir, records, 3, 0, changed, fold_of, tags_path)
+        line = str(refused.value)
+        assert line.startswith(f"{tags_path}: is not the tags.txt the folds' models were trained with")
+        assert says in line and "\n" not in line and f"delete {audit_dir / 'folds'}" in line
+        assert (audit_dir / STATE_FILE).read_bytes() == written
+    with pytest.raises(TrainingError, match=r"an audit with --folds 3 is under way; .* give --folds 3 to finish it"):
+        prepare_folds(audit_dir, records, 2, 0, tags, assign_folds(records, 2, seed=0), tags_path)
+    with pytest.raises(TrainingError, match=r"the posts \(their ids, tags or split\) or the project's seed changed"):
+        prepare_folds(audit_dir, records, 3, 1, tags, assign_folds(records, 3, seed=1), tags_path)
+    assert (audit_dir / STATE_FILE).read_bytes() == written
+
+
+def test_a_fold_stopped_by_the_time_limit_says_how_far_it_trained_in_the_audits_words():
+    from types import SimpleNamespace
+
+    from deepdanbooru.audit.folds import TrainingWatch, describe_training, short_training
+
+    lines = []
+    watch = TrainingWatch(lines.append)
+    watch("Epoch 1/200")
+    watch("Stopped for the time limit after 1m30s at epoch 2/200, record 5/40, step 9: ckpt and model.keras are "
+          "written. To continue from there, run train-project again, e.g. deepdanbooru train-project fold")
+    assert lines == ["Epoch 1/200"]  # the trainer's advice does not apply to a fold
+    trained = watch.trained(SimpleNamespace(used_epoch=1, offset=10), 40, 90.0)
+    assert trained == {"epochs": 1.25, "planned": 200, "stopped": True, "seconds": 90.0}
+    assert describe_training("fold 1 of 3", trained) == (
+        "fold 1 of 3 trained 1.25 of 200 epochs (stopped by --time-limit after 1m30s)")
+    assert short_training(trained)
+    done = TrainingWatch(lines.append).trained(SimpleNamespace(used_epoch=3, offset=0), 40, 12.0)
+    assert done == {"epochs": 3.0, "planned": 3, "stopped": False, "seconds": 12.0}
+    assert describe_training("fold 2 of 3", done) == "fold 2 of 3 trained 3 epochs (its plan done)"
+    assert not short_training(done)
+
+
+def noisy_case(posts=1200, tags=8, seed=0):
+    """Labels with known mistakes and scores from a model that knows tags 0..5 well and tags 6, 7 not at all."""
+    rng = np.random.default_rng(seed)
+    truth = rng.random((posts, tags)) < np.linspace(0.1, 0.4, tags)
+    flips = (rng.random(truth.shape) < 0.03) & (truth | (rng.random(truth.shape) < 0.1))
+    given = truth ^ flips
+    logits = np.where(truth, 2.5, -2.5) + rng.normal(0, 1.2, truth.shape)
+    logits[:, 6:] = rng.normal(-1, 1, (posts, tags - 6))  # a tag the model does not know: no separation
+    return given, 1 / (1 + np.exp(-logits)), flips
+
+
+def test_probability_ranks_mistakes_first_skips_tags_that_do_not_separate_and_counts_the_errors():
+    given, scores, flips = noisy_case()
+    ranking = rank_labels(given, scores)
+    assert ranking.audited.tolist() == [True] * 6 + [False] * 2
+    assert np.all(ranking.auc[6:] < 0.6) and np.all(ranking.auc[:6] > 0.9)
+    assert np.all(ranking.probability[:, 6:] == 0) and np.all((ranking.probability >= 0) & (ranking.probability <= 1))
+    known = flips[:, :6]
+    top = ranking.full_order()[:int(known.sum())]
+    assert set(top[:, 1].tolist()) <= set(range(6)) and known[top[:, 0], top[:, 1]].mean() > 0.7
+    # The estimate is of the right size, and a label called likely wrong mostly is.
+    assert 0.5 * known.sum() < ranking.estimated_errors < 1.5 * known.sum()
+    sure = ranking.probability >= 0.5
+    assert flips[sure].mean() > 0.6
+
+
+def test_the_default_list_stops_at_one_half_or_the_estimated_errors_and_top_and_min_probability_change_it():
+    given, scores, _ = noisy_case()
+    ranking = rank_labels(given, scores)
+    probability = lambda rows: ranking.probability[rows[:, 0], rows[:, 1]]  # noqa: E731
+    default = ranking.order()
+    assert len(default) <= round(ranking.estimated_errors) and probability(default).min() >= 0.5
+    above_half = int((ranking.probability >= 0.5).sum())
+    assert len(default) == min(above_half, round(ranking.estimated_errors))
+    assert len(ranking.order(top=7)) == 7 and probability(ranking.order(top=7)).tolist() == sorted(
+        probability(ranking.order(top=7)), reverse=True)
+    assert len(ranking.order(top=5000)) == 5000  # --top alone: no floor
+    loose = ranking.order(min_probability=0.2)
+    assert len(loose) == int((ranking.probability >= 0.2).sum()) and probability(loose).min() >= 0.2
+    assert len(ranking.order(top=3, min_probability=0.2)) == 3
+
+
+def test_the_summary_names_unaudited_tags_each_models_figures_and_says_when_they_are_too_weak(tmp_path, own_dataset):
+    from deepdanbooru.audit.summary import skipped_line, skipped_tags, too_weak, validation_figures
+
+    given, scores, _ = noisy_case()
+    names = [f"tag{i}" for i in range(8)]
+    ranking = rank_labels(given, scores)
+    skipped = skipped_tags(ranking, names)
+    assert [item["tag"] for item in skipped] == ["tag6", "tag7"] or [item["tag"] for item in skipped] == ["tag7", "tag6"]
+    line = skipped_line(skipped)
+    assert line.startswith("Not audited: 2 tags whose out-of-sample scores cannot separate") and "tag6 (AUC 0." in line
+    strong = validation_figures("fold 1 of 2", given[:, :6], scores[:, :6])
+    assert strong["posts"] == 1200 and strong["map"] > 0.8 and strong["mean_auc"] > 0.95
+    weak = validation_figures("fold 2 of 2", given[:, 6:], scores[:, 6:])
+    assert too_weak([strong]) is None
+    warning = too_weak([strong, weak])
+    assert warning.startswith("the scoring models are too weak for their suggestions to mean much (fold 2 of 2: mAP")
+    assert "fold 1 of 2" not in warning
+
+    # finish() writes them into audit.json and says them, a short fold's advice included.
+    database, tags = own_dataset
+    project = make_project(tmp_path / "project", database, tags)
+    records = load_records(database, 1)
+    given = given_matrix(records, tags)
+    rng = np.random.default_rng(1)
+    scores = rng.random(given.shape)  # a model that knows nothing
+    halves = [np.arange(12), np.arange(12, 24)]
+    trained = {"epochs": 1.0, "planned": 200, "stopped": True, "seconds": 60.0}
+    groups = [{"model": f"fold {i + 1} of 2", "posts": half, "trained": trained} for i, half in enumerate(halves)]
+    lines = []
+    suggestions = finish(ProjectPaths(project), records, tags, np.arange(24), scores, list(range(len(tags))),
+                         "2-fold models", None, lines.append, groups=groups)
+    record = json.loads((project / "audit" / "audit.json").read_text())
+    assert [figures["model"] for figures in record["validation"]] == ["fold 1 of 2", "fold 2 of 2"]
+    assert record["validation"][0]["trained"] == trained and record["validation"][0]["posts"] == 12
+    assert record["skipped_tags"] and all(set(item) == {"tag", "carriers", "auc"} for item in record["skipped_tags"])
+    text = "\n".join(lines)
+    assert "fold 1 of 2: mAP" in text and "it trained 1 of 200 epochs (stopped by --time-limit after 1m00s)" in text
+    assert "warning: fold 1 of 2, fold 2 of 2 stopped by --time-limit before half the epochs planned" in text
+    assert "run train-project again" not in text and "fold-*/scores.npz and run the audit again" in text
+    assert "warning: the scoring models are too weak" in text and "Not audited:" in text
+    assert suggestions == [] and "0 suggestions" in lines[-2]

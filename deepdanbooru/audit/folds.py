@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -78,24 +79,58 @@ class Fold:
         return self.directory / SCORES_FILE
 
 
-def prepare_folds(audit_dir: Path, records: Records, folds: int, seed: int) -> list[Fold]:
-    """The fold folders (made once); an audit with other folds or over changed posts is refused."""
+def prepare_folds(audit_dir: Path, records: Records, folds: int, seed: int, tags: list[str], fold_of,
+                  tags_path: Path) -> list[Fold]:
+    """The fold folders (made once). The state records what the folds' models were made from: K, the seed,
+    the posts, tags.txt (the models' outputs, in order) and each fold's post ids. An audit over other
+    posts, folds or tags is refused in one line, before anything is written."""
     state_path = audit_dir / STATE_FILE
-    state = {"folds": folds, "seed": seed, "records": records_fingerprint(records)}
+    ids = np.asarray(records.ids, dtype=np.int64)
+    state = {"folds": folds, "seed": seed, "records": records_fingerprint(records), "tags": list(tags),
+             "split": [ids[fold_of == index].tolist() for index in range(folds)]}
     if state_path.is_file():
-        try:
-            saved = json.loads(state_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            saved = None
-        if saved != state:
-            what = f"--folds {saved.get('folds')}" if isinstance(saved, dict) else "an unreadable state"
-            raise TrainingError(file_field(state_path, None, (
-                f"an audit with {what} over the posts as they were is under way; its folds do not fit "
-                f"--folds {folds} over the posts as they are now: delete {audit_dir / 'folds'} and "
-                f"{state_path} to start anew")))
+        _check_state(state_path, state, audit_dir, tags_path)
     audit_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(state_path, json.dumps(state, indent=2) + "\n")
+    write_text_atomic(state_path, json.dumps(state) + "\n")
     return [Fold(index, folds, audit_dir / "folds" / f"fold-{index + 1}-of-{folds}") for index in range(folds)]
+
+
+def _check_state(state_path: Path, state: dict, audit_dir: Path, tags_path: Path) -> None:
+    try:
+        saved = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    if saved == state:
+        return
+    anew = f"delete {audit_dir / 'folds'} and {state_path} to start anew"
+    if not isinstance(saved, dict) or "tags" not in saved or "split" not in saved:
+        raise TrainingError(file_field(state_path, None, (
+            f"is not a fold state this audit can check (unreadable, or from an older version); {anew}")))
+    if saved.get("tags") != state["tags"]:
+        then, now = saved["tags"], state["tags"]
+        raise TrainingError(file_field(tags_path, None, (
+            f"is not the tags.txt the folds' models were trained with ({_tags_change(then, now)}); their scores "
+            f"belong to those tags: put it back as it was, or {anew}")))
+    if saved.get("folds") != state["folds"]:
+        raise TrainingError(file_field(state_path, None, (
+            f"an audit with --folds {saved.get('folds')} is under way; its folds do not fit --folds {state['folds']}: "
+            f"give --folds {saved.get('folds')} to finish it, or {anew}")))
+    raise TrainingError(file_field(state_path, None, (
+        "the posts (their ids, tags or split) or the project's seed changed since the folds were made, so a fold's "
+        f"model may have trained on a post it would score; {anew}")))
+
+
+def _tags_change(then: list, now: list) -> str:
+    added = [tag for tag in now if tag not in set(then)]
+    removed = [tag for tag in then if tag not in set(now)]
+    parts = [f"{len(then):,} tags then, {len(now):,} now"]
+    if added:
+        parts.append(f"added: {', '.join(added[:3])}{' ...' if len(added) > 3 else ''}")
+    if removed:
+        parts.append(f"removed: {', '.join(removed[:3])}{' ...' if len(removed) > 3 else ''}")
+    if not added and not removed:
+        parts.append("the same tags in another order")
+    return "; ".join(parts)
 
 
 def make_fold_project(fold: Fold, project_root: Path, raw_config: dict, config, training_ids) -> None:
@@ -109,8 +144,10 @@ def make_fold_project(fold: Fold, project_root: Path, raw_config: dict, config, 
     images = directory / IMAGES_DIR
     if not images.exists():
         os.symlink(Path(database).resolve().parent / IMAGES_DIR, images, target_is_directory=True)
-    # The project's paths, resolved from its folder: the fold's project.json lives elsewhere.
-    fold_config = dict(raw_config, database_path=FOLD_DATABASE)
+    # The project's paths, resolved from its folder: the fold's project.json lives elsewhere. A fold trains on
+    # all its posts: the posts it holds out are its validation (they are scored, and their figures reported),
+    # so holding back a validation_fraction as well would only take training posts away.
+    fold_config = dict(raw_config, database_path=FOLD_DATABASE, validation_fraction=0.0)
     if config.backbone_weights is not None:
         fold_config["backbone_weights"] = str(Path(config.backbone_weights).resolve())
     write_text_atomic(directory / PROJECT_FILE, json.dumps(fold_config, indent=4) + "\n")
@@ -145,24 +182,83 @@ def _copy_posts(source: Path, target: Path, ids) -> None:
             temporary.unlink()
 
 
-def read_fold_scores(fold: Fold) -> tuple[np.ndarray, np.ndarray] | None:
-    """(post ids, scores) a finished fold wrote; None while it is not done."""
+@dataclass(frozen=True)
+class FoldScores:
+    ids: np.ndarray  # the post ids the fold scored
+    scores: np.ndarray  # (posts, tags of tags.txt)
+    trained: dict  # how far its model trained: epochs, planned, stopped (by --time-limit), seconds
+
+
+def read_fold_scores(fold: Fold) -> FoldScores | None:
+    """What a finished fold wrote; None while it is not done."""
     if not fold.scores.is_file():
         return None
-    with np.load(fold.scores) as saved:
-        return saved["ids"], saved["scores"]
+    try:
+        with np.load(fold.scores) as saved:
+            trained = json.loads(str(saved["trained"])) if "trained" in saved.files else {}
+            return FoldScores(saved["ids"], saved["scores"], trained)
+    except (OSError, ValueError, KeyError) as error:
+        raise TrainingError(file_field(fold.scores, None, (
+            f"cannot be read ({error}); delete it and run the audit again to score the fold anew"))) from None
 
 
-def write_fold_scores(fold: Fold, ids, scores) -> None:
+def write_fold_scores(fold: Fold, ids, scores, trained: dict) -> None:
     handle, temporary = create_beside(fold.scores)
     os.close(handle)
     try:
         with open(temporary, "wb") as stream:
-            np.savez(stream, ids=np.asarray(ids, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32))
+            np.savez(stream, ids=np.asarray(ids, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32),
+                     trained=np.asarray(json.dumps(trained)))
         os.replace(temporary, fold.scores)
     finally:
         if temporary.exists():
             temporary.unlink()
+
+
+STOP_LINE = "Stopped for the time limit"
+
+
+class TrainingWatch:
+    """Passes train-project's lines on, except its time-limit stop: a fold is not resumed by running
+    train-project again, so that line's advice is replaced by the audit's own (`describe`)."""
+
+    def __init__(self, echo):
+        self.echo = echo
+        self.stopped = False
+        self.planned = None
+
+    def __call__(self, line) -> None:
+        text = str(line)
+        if text.startswith(STOP_LINE):
+            self.stopped = True
+            found = re.search(r"at epoch (\d+)/(\d+)", text)
+            self.planned = int(found.group(2)) if found else None
+            return
+        self.echo(line)
+
+    def trained(self, counters, train_records: int, seconds: float) -> dict:
+        """How far the fold's model trained, from the trainer's final counters."""
+        epochs = counters.used_epoch + (counters.offset / train_records if train_records else 0.0)
+        planned = self.planned if self.stopped else counters.used_epoch
+        return {"epochs": round(float(epochs), 3), "planned": planned, "stopped": self.stopped,
+                "seconds": round(float(seconds), 1)}
+
+
+def describe_training(name: str, trained: dict) -> str:
+    """'fold 1 of 3 trained 1.2 of 200 epochs (stopped by --time-limit after 1m30s)'."""
+    if not trained:
+        return f"{name}: how far it trained was not recorded (scored by an older version)"
+    epochs, planned = trained.get("epochs"), trained.get("planned")
+    of = f" of {planned}" if planned is not None and trained.get("stopped") else ""
+    how = (f" (stopped by --time-limit after {format_seconds(trained.get('seconds', 0))})" if trained.get("stopped")
+           else " (its plan done)")
+    return f"{name} trained {epochs:g}{of} epoch{'' if epochs == 1 and not of else 's'}{how}"
+
+
+def short_training(trained: dict) -> bool:
+    """A fold stopped by the time limit before half its planned epochs."""
+    planned = trained.get("planned")
+    return bool(trained.get("stopped")) and planned is not None and trained.get("epochs", 0) < 0.5 * planned
 
 
 class FoldClock:

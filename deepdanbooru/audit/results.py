@@ -1,10 +1,11 @@
 """audit.csv, what a person acts on, and audit/audit.json, what the audit saw (standard library only).
 
-audit.csv: post_id,md5,tag,given,score,kind,rank. given: 1 if the post carries the tag; kind:
-`missing` (the picture likely shows the tag, the post lacks it) or `wrong` (the post carries it, the
-picture likely does not); score: the out-of-sample model's score for the tag on that post; rank 1:
-the label most likely a mistake. A file of accepted suggestions has the same columns: a copy of
-audit.csv with the rejected rows deleted will do.
+audit.csv: post_id,md5,tag,given,score,kind,rank,probability. given: 1 if the post carries the tag;
+kind: `missing` (the post lacks the tag) or `wrong` (the post carries it); score: the out-of-sample
+model's score for the tag on that post; probability: the audit's estimate that the given label is a
+mistake (ranking.py); rank 1: the label most likely a mistake. A file of accepted suggestions has the
+same columns: a copy of audit.csv with the rejected rows deleted will do (a file of an audit that wrote
+no probability column is read too).
 
 audit.json records, for each post with a suggestion, its md5, its tags as the audit read them and
 the tags it suggested, with the project and database: applying a file checks its rows against it,
@@ -23,7 +24,8 @@ from pathlib import Path
 from deepdanbooru.errors import UserError, file_field
 from deepdanbooru.fileio import write_text_atomic
 
-COLUMNS = ("post_id", "md5", "tag", "given", "score", "kind", "rank")
+COLUMNS = ("post_id", "md5", "tag", "given", "score", "kind", "rank", "probability")
+OLD_COLUMNS = COLUMNS[:-1]  # an audit's file from before the probability
 KINDS = {0: "missing", 1: "wrong"}  # by `given`
 AUDIT_CSV = "audit.csv"
 AUDIT_JSON = "audit.json"
@@ -39,13 +41,21 @@ class Suggestion:
     given: int
     score: float
     rank: int
+    probability: float | None = None  # estimated probability that the given label is wrong (0..1)
 
     @property
     def kind(self) -> str:
         return KINDS[self.given]
 
     def row(self) -> list:
-        return [self.post_id, self.md5, self.tag, self.given, f"{self.score:.4f}", self.kind, self.rank]
+        probability = "" if self.probability is None else f"{self.probability:.4f}"
+        return [self.post_id, self.md5, self.tag, self.given, f"{self.score:.4f}", self.kind, self.rank, probability]
+
+    def record(self) -> dict:
+        """The row as audit.json's rows hold it."""
+        return {"rank": self.rank, "post_id": self.post_id, "tag": self.tag, "given": self.given, "kind": self.kind,
+                "score": round(float(self.score), 4),
+                "probability": None if self.probability is None else round(float(self.probability), 4)}
 
 
 def csv_text(suggestions) -> str:
@@ -57,14 +67,17 @@ def csv_text(suggestions) -> str:
 
 
 def write_results(project_root: Path, suggestions: list[Suggestion], posts: dict, database: Path,
-                  source: str, audited_tags: list[str]) -> tuple[Path, Path]:
-    """audit/audit.json first, then audit.csv: a csv on disk always has its record."""
+                  source: str, audited_tags: list[str], summary: dict | None = None) -> tuple[Path, Path]:
+    """audit/audit.json first, then audit.csv: a csv on disk always has its record. `summary`: what the
+    audit found about its models and the labels (estimated errors, validation figures, skipped tags)."""
     record = {
         "version": VERSION,
         "project": str(Path(project_root).resolve()),
         "database": str(Path(database).resolve()),
         "source": source,
         "audited_tags": audited_tags,
+        **(summary or {}),
+        "rows": [suggestion.record() for suggestion in suggestions],
         "posts": {str(post_id): posts[post_id] for post_id in sorted({s.post_id for s in suggestions})},
     }
     for suggestion in suggestions:
@@ -123,23 +136,28 @@ def read_suggestions(path) -> list[tuple[int, Suggestion]]:
         raise UserError(file_field(path, None, f"cannot be read: {error}")) from None
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
-    if header is None or tuple(name.strip() for name in header) != COLUMNS:
+    columns = tuple(name.strip() for name in header) if header is not None else None
+    if columns not in (COLUMNS, OLD_COLUMNS):
         raise UserError(file_field(path, "header", f"must be {','.join(COLUMNS)} (audit.csv's columns)"))
     rows = []
     for line, row in enumerate(reader, start=2):
         if not any(cell.strip() for cell in row):
             continue
-        if len(row) != len(COLUMNS):
-            raise UserError(file_field(path, f"line {line}", f"has {len(row)} fields, not {len(COLUMNS)}"))
-        post_id, md5, tag, given, score, kind, rank = (cell.strip() for cell in row)
+        if len(row) != len(columns):
+            raise UserError(file_field(path, f"line {line}", f"has {len(row)} fields, not {len(columns)}"))
+        post_id, md5, tag, given, score, kind, rank, *rest = (cell.strip() for cell in row)
+        probability = rest[0] if rest else ""
         try:
-            suggestion = Suggestion(int(post_id), md5, tag, int(given), float(score), int(rank))
+            suggestion = Suggestion(int(post_id), md5, tag, int(given), float(score), int(rank),
+                                    float(probability) if probability else None)
         except ValueError:
-            raise UserError(file_field(path, f"line {line}", "post_id, given and rank must be integers and score "
-                                                             "a number")) from None
-        if not 0.0 <= suggestion.score <= 1.0 or suggestion.rank < 1:  # NaN fails the first test too
-            raise UserError(file_field(path, f"line {line}", f"score {score} must be a number from 0 to 1 and rank "
-                                                             f"{rank} a whole number from 1, as audit.csv writes them"))
+            raise UserError(file_field(path, f"line {line}", "post_id, given and rank must be integers, score "
+                                                             "a number and probability a number or empty")) from None
+        numbers_ok = 0.0 <= suggestion.score <= 1.0 and (probability == "" or 0.0 <= suggestion.probability <= 1.0)
+        if not numbers_ok or suggestion.rank < 1:  # NaN fails the range tests too
+            raise UserError(file_field(path, f"line {line}", f"score {score} and probability {probability or '-'} "
+                                                             f"must be numbers from 0 to 1 and rank {rank} a whole "
+                                                             "number from 1, as audit.csv writes them"))
         if suggestion.given not in KINDS or KINDS[suggestion.given] != kind:
             raise UserError(file_field(path, f"line {line}", f"given {given} with kind {kind!r}: a missing tag has "
                                                              "given 0, a wrong one given 1"))

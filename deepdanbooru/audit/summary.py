@@ -1,0 +1,79 @@
+"""What the audit says about its own models and the labels: each scoring model's validation figures on
+the posts it did not see, the tags it could not audit, the estimated number of label errors, and a plain
+warning when the models are too weak for their suggestions to mean much (numpy only)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from deepdanbooru.audit.ranking import MIN_AUC, MIN_CARRIERS, tag_auc
+from deepdanbooru.wording import plural
+
+# Below either figure the models are called too weak: an out-of-sample mAP this low means most of a tag's
+# top-scored posts lack it, and a mean AUC this low leaves most tags unaudited.
+WEAK_MAP, WEAK_AUC = 0.25, 0.8
+NAMED_SKIPPED = 10  # the summary line names this many skipped tags; audit.json holds them all
+
+
+def average_precision(given: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Per column: the mean precision at each carrier's rank (scores descending); NaN without a carrier."""
+    given = np.asarray(given, dtype=bool)
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), axis=0, kind="stable")
+    hits = np.take_along_axis(given, order, axis=0)
+    cumulative = np.cumsum(hits, axis=0)
+    precision = cumulative / np.arange(1, given.shape[0] + 1)[:, None]
+    carriers = given.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(carriers > 0, (precision * hits).sum(axis=0) / carriers, np.nan)
+
+
+def validation_figures(name: str, given: np.ndarray, scores: np.ndarray) -> dict:
+    """One model's figures on the posts it scored, against their labels as given (mistakes included)."""
+    ap = average_precision(given, scores)
+    auc = tag_auc(given, scores)
+    return {"model": name, "posts": int(given.shape[0]), "tags_with_carriers": int(np.isfinite(ap).sum()),
+            "map": _mean(ap), "mean_auc": _mean(auc)}
+
+
+def _mean(values) -> float | None:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return round(float(values.mean()), 4) if len(values) else None
+
+
+def too_weak(validation: list[dict]) -> str | None:
+    """The warning, when any scoring model's figures are under WEAK_MAP or WEAK_AUC."""
+    weak = [figures for figures in validation
+            if (figures["map"] is not None and figures["map"] < WEAK_MAP)
+            or (figures["mean_auc"] is not None and figures["mean_auc"] < WEAK_AUC)]
+    if not weak:
+        return None
+    named = "; ".join(f"{figures['model']}: mAP {figures['map']}, mean AUC {figures['mean_auc']}" for figures in weak)
+    return (f"the scoring models are too weak for their suggestions to mean much ({named}, on the posts they did "
+            f"not see; under mAP {WEAK_MAP} or AUC {WEAK_AUC} most of what they score high lacks the tag): only rows "
+            "with a high probability are worth a look, and a better model (longer --time-limit, a stronger "
+            "--model-path) will find more")
+
+
+def skipped_tags(ranking, tags: list[str]) -> list[dict]:
+    """The tags not audited, with their figure: too few carriers, or an AUC under MIN_AUC."""
+    skipped = []
+    for column in np.flatnonzero(~ranking.audited):
+        carriers = int(ranking.carriers[column])
+        auc = ranking.auc[column]
+        skipped.append({"tag": tags[column], "carriers": carriers,
+                        "auc": None if not np.isfinite(auc) else round(float(auc), 3)})
+    return sorted(skipped, key=lambda item: (item["auc"] is not None, item["auc"] or 0.0, item["tag"]))
+
+
+def skipped_line(skipped: list[dict]) -> str | None:
+    if not skipped:
+        return None
+    shown = []
+    for item in skipped[:NAMED_SKIPPED]:
+        shown.append(f"{item['tag']} (AUC {item['auc']:.2f})" if item["auc"] is not None and
+                     item["carriers"] >= MIN_CARRIERS else f"{item['tag']} ({plural(item['carriers'], 'carrier')})")
+    more = f" and {len(skipped) - NAMED_SKIPPED:,} more (audit.json)" if len(skipped) > NAMED_SKIPPED else ""
+    return (f"Not audited: {plural(len(skipped), 'tag')} whose out-of-sample scores cannot separate their carriers "
+            f"from the rest (AUC under {MIN_AUC}, or fewer than {MIN_CARRIERS} carriers or non-carriers): "
+            f"{', '.join(shown)}{more}")

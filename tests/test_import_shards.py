@@ -260,3 +260,23 @@ def test_a_shard_read_in_one_pass_whatever_its_compression(tmp_path, compress):
     result = invoke(shard, tmp_path / "d")
     assert result.exit_code == 0, result.output
     assert len(posts(tmp_path / "d")) == 2 and "malformed" not in result.output
+
+
+def test_an_interrupted_shard_import_takes_back_what_it_wrote(tmp_path, monkeypatch):
+    from deepdanbooru.dataset import tar_shards
+
+    calls = []
+
+    def interrupted(text, separator):
+        calls.append(text)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return ["a"]
+
+    monkeypatch.setattr(tar_shards, "parse_caption", interrupted)
+    shard = write_shard(tmp_path / "s.tar", [*caption_sample(1, "a"), *caption_sample(2, "b")])
+    with pytest.raises(KeyboardInterrupt):
+        from deepdanbooru.dataset.import_images import import_images
+
+        import_images(shard, tmp_path / "d", echo=lambda line: None, warn=lambda line: None)
+    assert not (tmp_path / "d").exists()

@@ -182,12 +182,17 @@ def test_a_resumed_fit_run_plans_again_from_its_time_left_and_keeps_the_epochs_d
     state = read_state(project)
     assert (state["epoch_count"], state["used_epoch"], state["complete"]) == (5, 5, True)
     rates = train_rates(project)
-    three, four, five = (LearningRateSchedule(load_config(project), 24, epoch_count=n) for n in (3, 4, 5))
-    # Each slice trains on the plan of the checkpoint before it: the first run's, then each of this run's.
-    assert [rates[u] for u in (3, 4)] == pytest.approx([three.rate(0, 2), three.rate(0, 3)])
-    assert [rates[u] for u in (5, 6)] == pytest.approx([four.rate(0, 4), four.rate(0, 5)])
-    assert [rates[u] for u in range(7, 31)] == pytest.approx([five.rate((u - 1) // 6, u - 1) for u in range(7, 31)])
-    assert five.rate(5, 30) == 0.001
+    # Each slice trains on the plan of the checkpoint before it: the first run's 3 epochs, then each of this run's,
+    # the rest of the cosine stretched over them from where it stood (step 4: 4 epochs; step 6: 5).
+    expected = LearningRateSchedule(load_config(project), 24, epoch_count=3)
+    assert [rates[u] for u in (3, 4)] == pytest.approx([expected.rate(0, 2), expected.rate(0, 3)])
+    expected.replan(4, 0, 4)
+    assert [rates[u] for u in (5, 6)] == pytest.approx([expected.rate(0, 4), expected.rate(0, 5)])
+    expected.replan(5, 0, 6)
+    assert [rates[u] for u in range(7, 31)] == pytest.approx([expected.rate((u - 1) // 6, u - 1)
+                                                             for u in range(7, 31)])
+    assert expected.rate(5, 30) == 0.001
+    assert_only_decays_after_warmup(rates, warmup=3)
 
     # A complete plan stays complete: the next run plans nothing and only exports again.
     third = []
@@ -236,11 +241,14 @@ def test_a_run_switched_to_fit_goes_on_with_its_number_until_it_plans(tmp_path, 
     assert any(line.startswith("epoch_count fit: 1 epochs planned in 3600s") for line in lines)
     assert (counters.used_epoch, counters.used_minibatch) == (1, 6)
     rates = train_rates(project)
-    three, one = (LearningRateSchedule(load_config(project), 24, epoch_count=n) for n in (3, 1))
-    # The slice before the plan keeps the 3-epoch cosine it was on, not the unplanned peak.
-    assert [rates[u] for u in (3, 4)] == pytest.approx([three.rate(0, 2), three.rate(0, 3)])
-    assert three.rate(0, 3) < 0.01
-    assert [rates[u] for u in (5, 6)] == pytest.approx([one.rate(0, 4), one.rate(0, 5)])
+    expected = LearningRateSchedule(load_config(project), 24, epoch_count=3)
+    # The slice before the plan keeps the 3-epoch cosine it was on, not the unplanned peak; the plan of 1 epoch
+    # then ends the cosine at step 6 from where it stood.
+    assert [rates[u] for u in (3, 4)] == pytest.approx([expected.rate(0, 2), expected.rate(0, 3)])
+    assert expected.rate(0, 3) < 0.01
+    expected.replan(1, 0, 4)
+    assert [rates[u] for u in (5, 6)] == pytest.approx([expected.rate(0, 4), expected.rate(0, 5)])
+    assert rates[4] > rates[5] > rates[6] > 0.001 and expected.rate(1, 6) == 0.001
 
 
 # The steps schedule with drops at shares of the run: from epoch ceil(0.3 x N) and ceil(0.5 x N) of the plan N.
@@ -285,8 +293,7 @@ def test_a_fit_run_places_its_used_fraction_drops_over_the_planned_epochs(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_plan_that_moves_a_drop_onto_the_epoch_in_progress_applies_from_the_next_slice(
-        tmp_path, sample_dataset, monkeypatch):
+def test_a_longer_plan_does_not_lift_a_drop_that_has_fallen(tmp_path, sample_dataset, monkeypatch):
     from deepdanbooru.training import fit_monitor
     from deepdanbooru.training.train import train_project
 
@@ -294,15 +301,50 @@ def test_a_plan_that_moves_a_drop_onto_the_epoch_in_progress_applies_from_the_ne
     drops = dict(FIT_DROPS, learning_rates=[{"used_fraction": 0.5, "learning_rate": 0.001}])
     reference = make_project(tmp_path / "reference", *sample_dataset, **drops)
     train_project(reference, echo=lambda *_: None, time_limit=3600.0)
-    # Killed after the 4th checkpoint (epoch 1, record 8) of a 2-epoch plan, whose drop is at epoch 1; the
-    # resumed run plans 3 before its first checkpoint, which moves the drop to epoch 2.
+    # Killed after the 4th checkpoint (epoch 1, record 8) of a 2-epoch plan, whose drop fell at epoch 1; the
+    # resumed run plans 3 before its first checkpoint. Over 3 epochs from the start the drop would be at epoch 2
+    # (the rate back at 0.01 for the rest of epoch 1); the run goes on from half its schedule done instead.
     killed = killed_copy(reference, tmp_path / "killed", "ckpt-4", ["model-resnet_small.keras"])
     monkeypatch.setattr(fit_monitor, "plan_epochs", lambda done, seconds_left, epoch_seconds: 3)
     optimizer_rates = record_optimizer_rates(monkeypatch)
     counters = train_project(killed, echo=lambda *_: None, time_limit=3600.0)
     assert (counters.used_epoch, counters.used_minibatch) == (3, 18)
-    # The first slice (records 8-16 of epoch 1, minibatches 9-10) trains on the checkpoint's plan, the next ones
-    # on the new one: the rest of epoch 1 is back before the drop.
-    assert optimizer_rates == pytest.approx({10: 0.001, 12: 0.01, 14: 0.001, 16: 0.001, 18: 0.001})
+    assert optimizer_rates == pytest.approx({10: 0.001, 12: 0.001, 14: 0.001, 16: 0.001, 18: 0.001})
     rates = train_rates(killed)
-    assert [rates[u] for u in range(9, 19)] == pytest.approx([0.001] * 2 + [0.01] * 2 + [0.001] * 6)
+    assert [rates[u] for u in range(1, 19)] == pytest.approx([0.01] * 6 + [0.001] * 12)
+    # A plan placing a drop that has not fallen yet still places it over the new count.
+    config = load_config(killed)
+    schedule = LearningRateSchedule(config, 24, epoch_count=4)
+    schedule.replan(6, 1, 6)  # progress 1/4 at epoch 1, then 1/4 + 3/4 (e - 1) / 5: 0.5 at epoch 2.67
+    assert [schedule.rate(e, 6 * e) for e in range(6)] == [0.01, 0.01, 0.01, 0.001, 0.001, 0.001]
+
+def assert_only_decays_after_warmup(rates: dict, warmup: int) -> None:
+    after = [rates[u] for u in sorted(rates) if u > warmup]
+    rises = [(u, rates[u - 1], rates[u]) for u in sorted(rates) if u > warmup + 1 and rates[u] > rates[u - 1] + 1e-12]
+    assert after and not rises, f"the rate rose after the warmup at (step, before, after): {rises}"
+
+
+@pytest.mark.slow
+def test_a_fit_run_stopped_and_resumed_twice_only_decays_after_its_warmup(tmp_path, sample_dataset, monkeypatch):
+    """Each resumed run plans more epochs than the one before (a longer limit): the rest of the cosine is
+    stretched over them from where the rate stands; it never climbs back."""
+    from deepdanbooru.training.train import train_project
+
+    project = make_project(tmp_path / "p", *sample_dataset, **FIT)
+    time_left_for(monkeypatch, 1.0)
+    train_project(project, echo=lambda *_: None, time_limit=1e-3)  # one slice on a plan of 1 epoch, then the stop
+    assert read_state(project)["epoch_count"] == 1
+    # 2 epochs planned after this run's first slice (2/3 done + 2 fit), 3 after its second; stopped at step 10.
+    time_left_for(monkeypatch, 2.0)
+    monkeypatch.setattr("deepdanbooru.training.loop.SliceTrainer._another_slice_fits",
+                        lambda self: self.counters.used_minibatch < 10, raising=False)
+    train_project(project, echo=lambda *_: None, time_limit=3600.0)
+    monkeypatch.undo()
+    time_left_for(monkeypatch, 3.0)
+    counters = train_project(project, echo=lambda *_: None, time_limit=3600.0)
+    state = read_state(project)
+    assert state["complete"] and state["epoch_count"] >= 4 and counters.used_minibatch == 6 * state["epoch_count"]
+    rates = train_rates(project)
+    assert sorted(rates) == list(range(1, counters.used_minibatch + 1))
+    assert_only_decays_after_warmup(rates, warmup=3)
+    assert rates[counters.used_minibatch] < 0.01 and rates[counters.used_minibatch] >= 0.001

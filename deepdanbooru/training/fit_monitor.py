@@ -39,6 +39,9 @@ class FitMonitor(Monitor):
         self.validation_records = len(plan.validation)
         # Outside any strategy scope: a host-side value the loop assigns, as the resume counters.
         self.planned = tf.Variable(0, dtype=tf.int64, trainable=False, name="planned_epochs")
+        # Where the plan in force took over and how far the decay was there (schedule.LearningRateSchedule.anchor);
+        # a unit below 0: none (the plain schedule, also from a checkpoint written before the anchor was kept).
+        self.anchor = tf.Variable([-1.0, 0.0], dtype=tf.float64, trainable=False, name="schedule_anchor")
         self.clock = StepClock()
         self.restore_seconds, self.worker_sums, self.resumed_plan, self.plans_left = 0.0, None, 0, 2
         self.apply(0, 0)
@@ -49,7 +52,7 @@ class FitMonitor(Monitor):
         return cls(plan, schedule, rates, echo) if plan.config.epoch_count == FIT else None
 
     def checkpoint_objects(self) -> dict:
-        return {"planned_epochs": self.planned}
+        return {"planned_epochs": self.planned, "schedule_anchor": self.anchor}
 
     def apply(self, epochs: int, used_epoch: int) -> None:
         """Train `epochs` epochs (0: not planned yet)."""
@@ -60,6 +63,8 @@ class FitMonitor(Monitor):
         """After the restore: train on the restored plan until this run has made its own."""
         self.resumed_plan = int(self.planned.numpy()) or self.numbered_count(counters)
         self.restore_seconds, self.worker_sums = restore_seconds, worker_sums
+        where, reached = (float(value) for value in self.anchor.numpy())
+        self.rates.anchor = (where, reached) if where >= 0 and self.planned.numpy() else None
         self.apply(self.resumed_plan, counters.used_epoch)
         self.clock.begin(counters.offset)
 
@@ -107,6 +112,9 @@ class FitMonitor(Monitor):
         done = progress.used_epoch + progress.offset / progress.train_records
         epochs = self.agreed(plan_epochs(done, self.seconds_left(costs), epoch_seconds))
         self.planned.assign(epochs)
+        # The rest of the decay, from where it stands, over the new plan: the rate never climbs back.
+        self.rates.replan(epochs, progress.used_epoch, progress.used_minibatch)
+        self.anchor.assign(self.rates.anchor if self.rates.anchor is not None else (-1.0, 0.0))
         self.apply(epochs, progress.used_epoch)
         self.echo(plan_line(epochs, done, costs, epoch_seconds, self.budget.text,
                             self.resumed_plan if not second else None, second))

@@ -18,6 +18,15 @@ planned one once a run has measured its speed; until a fresh run has planned,
 the cosine has not begun (the rate is learning_rate after the warmup) and no
 used_fraction drop is placed. A plan made before a checkpoint moves the drops
 from the next slice on, in the run and in one resumed from that checkpoint.
+
+One run keeps one schedule across its plans and stops: a plan that replaces
+another changes only how long the rest lasts. The decay's progress p (the
+cosine's (u - W) / (T - W), the steps schedule's used_epoch / epoch_count, a
+used_fraction drop applying once p reaches its share) goes on from the value
+p0 it had reached where the new plan takes over, at unit a (a minibatch, or an
+epoch for steps): p = p0 + (1 - p0) (x - a) / (end - a). So after the warmup the
+rate only decays and no drop that fell rises again, whatever the new count.
+The anchor (a, p0) is kept in every checkpoint with the plan.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from deepdanbooru.project.config import FRACTION_TOLERANCE
 
 
 def epoch_order(n: int, seed: int, random_seed: int) -> np.ndarray:
@@ -112,6 +123,11 @@ class LearningRateSchedule:
     # The epochs the cosine spans and used_fraction drops are placed over: None is project.json's epoch_count;
     # "fit" sets the planned count, and math.inf before a fresh run has planned.
     epoch_count: float | None = None
+    # (a, p0): from unit a on (a minibatch for warmup_cosine, an epoch for steps) the decay goes on from progress p0
+    # over the rest of epoch_count; None: the plain schedule over epoch_count (module docstring).
+    anchor: tuple[float, float] | None = None
+    # The schedule in force before the last re-plan, for the units before its anchor (this run's earlier steps).
+    earlier: "LearningRateSchedule | None" = None
 
     @property
     def per_minibatch(self) -> bool:
@@ -122,17 +138,62 @@ class LearningRateSchedule:
         # Slices are whole minibatches except the epoch's last, so an epoch is ceil(records / batch) steps.
         return max(1, -(-self.train_records // self.config.minibatch_size))
 
+    def decay_span(self) -> tuple[float, float]:
+        """(start, end) of the decay in its units: the cosine's warmup end and last minibatch, or 0 and the
+        epoch count for the steps schedule (end math.inf: not planned yet)."""
+        count = self.config.epoch_count if self.epoch_count is None else self.epoch_count
+        if not self.per_minibatch:
+            return 0, count
+        per_epoch = self.minibatches_per_epoch
+        total = count * per_epoch
+        return min(round(self.config.warmup_epochs * per_epoch), total), total
+
+    def progress(self, unit: float) -> float:
+        """How far the decay is at `unit` (0: not begun, 1: done); never lower at a later unit."""
+        start, end = self.decay_span()
+        if self.anchor is not None:
+            where, reached = self.anchor
+            if unit < where and self.earlier is not None:
+                return self.earlier.progress(unit)
+            if end <= where:
+                return 1.0
+            return min(1.0, reached + (1.0 - reached) * max(0.0, unit - where) / (end - where))
+        if math.isinf(end):
+            return 0.0
+        if unit >= end:
+            return 1.0
+        return max(0.0, (unit - start) / (end - start))
+
+    def replan(self, epochs: float, used_epoch: int, used_minibatch: int) -> None:
+        """Plan `epochs` epochs from here on (before the step at used_minibatch): the decay goes on from where it
+        stands. Replacing no plan yet (math.inf) is the plain schedule over `epochs`."""
+        start, end = self.decay_span()
+        if not math.isinf(end):
+            unit = max(used_minibatch if self.per_minibatch else used_epoch, start)
+            earlier = LearningRateSchedule(self.config, self.train_records, self.epoch_count, self.anchor,
+                                           self.earlier)
+            self.anchor, self.earlier = (float(unit), earlier.progress(unit)), earlier
+        self.epoch_count = epochs
+
     def rate(self, used_epoch: int, used_minibatch: int) -> float:
         config = self.config
         if not self.per_minibatch:
-            return config.learning_rate_for_epoch(used_epoch, self.epoch_count)
-        per_epoch = self.minibatches_per_epoch
-        total = (config.epoch_count if self.epoch_count is None else self.epoch_count) * per_epoch
-        warmup = min(round(config.warmup_epochs * per_epoch), total)
-        if used_minibatch < warmup:
-            return config.learning_rate * (used_minibatch + 1) / warmup
-        if used_minibatch >= total:
+            if self.anchor is None:
+                return config.learning_rate_for_epoch(used_epoch, self.epoch_count)
+            if used_epoch < self.anchor[0] and self.earlier is not None:
+                return self.earlier.rate(used_epoch, used_minibatch)
+            reached = self.progress(used_epoch)
+            rate = config.learning_rate
+            for step in config.learning_rates or ():
+                share = step.used_fraction
+                if (used_epoch >= step.used_epoch) if share is None else reached >= share - FRACTION_TOLERANCE:
+                    rate = step.learning_rate
+            return rate
+        start, end = self.decay_span()
+        if used_minibatch < start:
+            return config.learning_rate * (used_minibatch + 1) / start
+        progress = self.progress(used_minibatch)
+        if progress >= 1.0:
             return config.min_learning_rate
-        progress = (used_minibatch - warmup) / (total - warmup)
         return config.min_learning_rate + (config.learning_rate - config.min_learning_rate) \
             * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -37,7 +37,7 @@ _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse}td,th{padding:4px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}
 img{width:112px;height:112px;object-fit:contain;display:block}
-.tags{max-width:22em;color:#555}.number{text-align:right;font-variant-numeric:tabular-nums}
+td.suggestion{min-width:19em}.tags{max-width:22em;color:#555}.number{text-align:right;font-variant-numeric:tabular-nums}
 tr.accepted{background:#e4f6e4}tr.rejected{background:#f6e4e4;opacity:.6}
 .missing{color:#05591b}.wrong{color:#8a1010}.note{color:#555}
 .bar{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:2px solid #ccc;z-index:1}

@@ -37,7 +37,7 @@ _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse}td,th{padding:4px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}
 img{width:112px;height:112px;object-fit:contain;display:block}
-td.suggestion{min-width:19em}.tags{max-width:22em;color:#555}.number{text-align:right;font-variant-numeric:tabular-nums}
+td.suggestion{min-width:18em}.tags{max-width:22em;color:#555}.number{text-align:right;font-variant-numeric:tabular-nums}
 tr.accepted{background:#e4f6e4}tr.rejected{background:#f6e4e4;opacity:.6}
 .missing{color:#05591b}.wrong{color:#8a1010}.note{color:#555}
 .bar{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:2px solid #ccc;z-index:1}
@@ -91,7 +91,7 @@ _SCRIPT = r"""
     const said = given ? `the post carries it; the model gives ${score}` : `the post lacks it; the model gives ${score}`;
     const cells = [
       el("td", { class: "number" }, String(rows.rank[i])), el("td", {}, picture),
-      el("td", {}, String(rows.post[i]), el("br"), el("small", {}, rows.md5[i])),
+      el("td", {}, String(rows.post[i]), el("br"), el("small", { title: "md5 " + rows.md5[i] }, rows.md5[i].slice(0, 8) + "\u2026")),
       el("td", { class: "suggestion " + (given ? "wrong" : "missing") }, given ? "remove " : "add ", el("b", {}, tag),
          el("br"), el("small", {}, said)),
     ];

@@ -245,8 +245,6 @@ def _report(echo, directory, content, plan, tags, difference, samples, threshold
 
 
 def _convert(model_file, tags_path, n_tags, plan, size, tolerance, directory):
-    from deepdanbooru.inference.convert import compare_outputs, float32_model, function_to_onnx, run_onnx, \
-        sample_inputs
     from deepdanbooru.models.files import load_model_file
 
     model = load_model_file(model_file)
@@ -257,15 +255,24 @@ def _convert(model_file, tags_path, n_tags, plan, size, tolerance, directory):
     if len(model.output_shape) != 2 or int(model.output_shape[-1]) != n_tags:
         raise ModelError(file_field(model_file, "output", f"has shape {tuple(model.output_shape)}, but "
                                                           f"{tags_path} lists {n_tags} tags"))
-    height, width = int(shape[1]), int(shape[2])
+    return convert_for_tools(model, plan.sources, size, tolerance, directory / MODEL_FILE)
+
+
+def convert_for_tools(model, sources, size, tolerance, destination):
+    """(ONNX bytes, the traced function, largest difference from Keras, sample count, the model's input size):
+    the model behind the tools' input and rows, run with onnxruntime on sample pictures fed as BGR 0-255 and
+    compared with the Keras model on the same pictures resized in numpy, rows picked in Python."""
+    from deepdanbooru.inference.convert import compare_outputs, float32_model, function_to_onnx, run_onnx, \
+        sample_inputs
+
+    height, width = int(model.input_shape[1]), int(model.input_shape[2])
     model = float32_model(model)
-    function, signature = tool_graph(model, plan.sources, size)
+    function, signature = tool_graph(model, sources, size)
     content = function_to_onnx(function, signature, output_names=[OUTPUT_NAME])
     images = sample_inputs(size, size)
-    # Expected: the Keras model on the same pictures resized in numpy, rows picked in Python.
     scores = np.asarray(model(area_resize(images, height, width), training=False), dtype=np.float32)
     expected = np.stack([np.zeros(len(images), np.float32) if source is None else scores[:, source]
-                         for source in plan.sources], axis=1)
+                         for source in sources], axis=1)
     actual = run_onnx(content, to_tool_input(images))
-    difference = compare_outputs(expected, actual, tolerance, directory / MODEL_FILE)
+    difference = compare_outputs(expected, actual, tolerance, destination)
     return content, function, difference, len(images), (height, width)

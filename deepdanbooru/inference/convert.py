@@ -215,12 +215,36 @@ def function_to_onnx(function, signature, output_names=None) -> bytes:
     with _quiet():
         proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=ONNX_OPSET,
                                                  custom_op_handlers=_onnx_handlers())
+    _captured_constants_as_initializers(proto, function.get_concrete_function(*signature))
     # tf2onnx names outputs after graph tensors ("Identity:0"); some consumers look them up by name.
     for output, name in zip(proto.graph.output, output_names or ()):
         for node in proto.graph.node:
             node.output[:] = [name if value == output.name else value for value in node.output]
         output.name = name
     return proto.SerializeToString()
+
+
+def _captured_constants_as_initializers(proto, concrete) -> None:
+    """Constant tensors a model holds outside its variables (the mean and variance of the preprocessing layer of
+    Keras' ConvNeXt and EfficientNetV2) are captured by a traced function as extra inputs. tf2onnx's from_keras
+    leaves every capture out of the inputs; from_function keeps the non-variable ones as graph inputs that a
+    runtime then asks to be fed. Each becomes an initializer holding its value, so the graph has one input."""
+    import tensorflow as tf
+    from onnx import numpy_helper
+
+    values = {internal.name: external for external, internal in concrete.graph.captures
+              if internal.dtype != tf.resource}
+    names = {name.split(":")[0]: name for name in values}
+    kept = []
+    for graph_input in proto.graph.input:
+        name = graph_input.name if graph_input.name in values else names.get(graph_input.name)
+        if name is None:
+            kept.append(graph_input)
+            continue
+        proto.graph.initializer.append(numpy_helper.from_array(np.asarray(values[name]), graph_input.name))
+    if len(kept) != len(proto.graph.input):
+        del proto.graph.input[:]
+        proto.graph.input.extend(kept)
 
 
 def run_onnx(content: bytes, images: np.ndarray) -> np.ndarray:

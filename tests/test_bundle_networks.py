@@ -1,0 +1,85 @@
+"""export-bundle's conversion for every network: each model-table row and each imported timm family, run through
+onnxruntime as the tools run a bundle and compared with the Keras model.
+
+Tiny inputs (the smallest each network takes) keep the conversions short; the rows that share their layers with a
+faster one are marked slow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deepdanbooru.inference.convert import FLOAT_TOLERANCE, onnx_available
+
+needs_onnx = pytest.mark.skipif(not onnx_available(), reason="needs tf2onnx and onnxruntime")
+
+TIMM = Path(__file__).parent / "fixtures" / "timm"
+# The rows mapped as a bundle maps them: reordered, with a constant rating row reading no output.
+SOURCES = [2, None, 0, 4, 1, 3]
+FAST_ROWS = ("resnet_custom_v4", "convnext_tiny", "efficientnetv2_b0", "vit_small_patch16")
+# Same layers as a fast row, only more of them (resnet_152 also needs 193 px): minutes, not seconds.
+SLOW_ROWS = ("resnet_custom_v1", "resnet_custom_v2", "resnet_custom_v3", "convnext_small", "efficientnetv2_s",
+             "resnet_152")
+FAMILIES = ("vit_wd", "convnext_wd", "swinv2_wd", "eva02_wd")
+
+
+def _converted(model, size):
+    from deepdanbooru.inference.bundle import convert_for_tools
+    from deepdanbooru.inference.convert import run_onnx, sample_inputs
+
+    content, _, difference, samples, _ = convert_for_tools(model, SOURCES, size, FLOAT_TOLERANCE,
+                                                            Path("model.onnx"))
+    # What a tool gets back: the graph has one input, the picture, and answers one row per selected_tags.csv row.
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(content, providers=["CPUExecutionProvider"])
+    assert [item.name for item in session.get_inputs()] == ["input"]
+    scores = run_onnx(content, sample_inputs(size, size)[:2] * 255.0)
+    assert scores.shape == (2, len(SOURCES)) and np.all(scores[:, 1] == 0.0)
+    return difference, samples
+
+
+def _row(name):
+    from deepdanbooru.models import build_model, minimum_input_size
+
+    size = max(32, minimum_input_size(name))
+    return build_model(name, (size, size, 3), 5, seed=1), size
+
+
+def test_every_model_row_is_covered():
+    from deepdanbooru.models import model_names
+
+    assert set(FAST_ROWS) | set(SLOW_ROWS) | {"resnet_small"} == set(model_names())
+
+
+@needs_onnx
+@pytest.mark.parametrize("name", FAST_ROWS)
+def test_model_row_converts_for_the_tools(name):
+    model, size = _row(name)
+    difference, samples = _converted(model, size)
+    assert samples == 8 and difference <= FLOAT_TOLERANCE
+
+
+@needs_onnx
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW_ROWS)
+def test_larger_model_row_converts_for_the_tools(name):
+    model, size = _row(name)
+    difference, _ = _converted(model, size)
+    assert difference <= FLOAT_TOLERANCE
+
+
+@needs_onnx
+@pytest.mark.parametrize("family", FAMILIES)
+def test_imported_family_converts_for_the_tools(family):
+    from deepdanbooru.models.timm.checkpoint import import_checkpoint
+
+    imported = import_checkpoint(TIMM / family)
+    model = imported.model
+    model_outputs = int(model.output_shape[-1])
+    assert model_outputs >= 5
+    difference, _ = _converted(model, int(model.input_shape[1]))
+    assert difference <= FLOAT_TOLERANCE

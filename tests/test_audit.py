@@ -473,7 +473,13 @@ def test_the_ranking_needs_no_cleanlab(monkeypatch):
     assert tuple(rank_labels(given, scores).full_order()[0]) == (3, 0)
 
 
-def synthetic_page(tmp_path, count=130, probability=True):
+RECORD = {"estimated_errors": 41.6, "skipped_tags": [{"tag": "phone", "carriers": 3, "auc": 0.13}],
+          "validation": [{"model": "/models/fold-1", "posts": 600, "map": 0.2012, "mean_auc": 0.71},
+                         {"model": "/models/fold-2", "posts": 600, "map": None, "mean_auc": 0.8}],
+          "warnings": ["the scoring models are too weak for their suggestions to mean much <fold-1>"]}
+
+
+def synthetic_page(tmp_path, count=130, probability=True, record=None):
     """audit.html for `count` rows over three tags (no pictures), written by the page's own builder."""
     from dataclasses import dataclass
 
@@ -495,7 +501,7 @@ def synthetic_page(tmp_path, count=130, probability=True):
         rows = [Suggestion(r.post_id, r.md5, r.tag, r.given, r.score, r.rank) for r in rows]
     path = tmp_path / "audit.html"
     path.write_text(page_html("audit", rows, {}, {r.post_id: "some tags" for r in rows}, f"test:{probability}",
-                              "project"), encoding="utf-8")
+                              "project", record), encoding="utf-8")
     return path, rows
 
 
@@ -514,9 +520,15 @@ def every_page(page):
 def test_audit_page_filters_and_pages_reach_every_row_and_export_the_accepted(tmp_path):
     from deepdanbooru.audit.page import PAGE_ROWS
 
-    path, rows = synthetic_page(tmp_path)
+    path, rows = synthetic_page(tmp_path, record=RECORD)
     with open_page(path, width=1100, height=800, accept_downloads=True) as visit:
         page = visit.page
+        # What the audit found about itself, and its warnings, above the rows.
+        assert ("About 42 label errors estimated over the audited tags. fold-1: mAP 0.20, mean AUC 0.71 on the 600 "
+                "posts it did not see. fold-2: mAP \u2013, mean AUC 0.80 on the 600 posts it did not see. 1 tag not "
+                "audited") in page.inner_text("body")
+        assert page.inner_text(".warning") == ("warning: the scoring models are too weak for their suggestions to "
+                                               "mean much <fold-1>")
         assert len(shown_ranks(page)) == PAGE_ROWS < len(rows)
         assert every_page(page) == [row.rank for row in rows]  # nothing cut: every row, in rank order
         assert "page 3 of 3" in page.inner_text("#shown")
@@ -562,6 +574,7 @@ def test_audit_page_without_probabilities_filters_on_the_score_against_the_label
     path, rows = synthetic_page(tmp_path, count=40, probability=False)
     with open_page(path) as visit:
         page = visit.page
+        assert page.locator(".warning").count() == 0 and "label errors estimated" not in page.inner_text("body")
         assert "probability wrong" not in page.inner_text("thead")
         assert "the model's score against the label at least" in page.inner_text(".bar")
         page.fill("#filter-least", "0.7")

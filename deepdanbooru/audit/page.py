@@ -7,6 +7,10 @@ own format holding the accepted rows, each exactly as audit.csv writes it; `deep
 PROJECT --apply FILE` takes it. Decisions are kept in the browser's storage for the page, so a
 reload keeps them.
 
+The head says what the audit found about itself (audit/audit.json): the estimated number of label
+errors, each scoring model's figures on the posts it did not see, the tags it could not audit, and its
+warnings (models too weak for their suggestions to mean much, folds stopped early).
+
 Each row says what the model gave ("the model gives 0.13"), never more than that figure holds. Its
 probability is the audit's estimate that the post's label is wrong, where the audit records one; a
 record without it is filtered on the model's score against the label instead (the score for a missing
@@ -19,13 +23,15 @@ import base64
 import hashlib
 import html
 import io
+import json
 from pathlib import Path
 
 from PIL import Image
 
-from deepdanbooru.audit.results import csv_text
+from deepdanbooru.audit.results import AUDIT_DIR, AUDIT_JSON, csv_text
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.pagedata import data_element
+from deepdanbooru.wording import plural
 
 PAGE_FILE = "audit.html"
 PAGE_ROWS = 50  # rows on one page of the table; the file holds every row
@@ -40,6 +46,7 @@ img{width:112px;height:112px;object-fit:contain;display:block}
 td.suggestion{min-width:18em}.tags{max-width:22em;color:#555}.number{text-align:right;font-variant-numeric:tabular-nums}
 tr.accepted{background:#e4f6e4}tr.rejected{background:#f6e4e4;opacity:.6}
 .missing{color:#05591b}.wrong{color:#8a1010}.note{color:#555}
+.warning{background:#fff4d6;border-left:4px solid #d99a00;padding:.4em .6em}
 .bar{position:sticky;top:0;background:#fff;padding:.5em 0;border-bottom:2px solid #ccc;z-index:1}
 .bar div{margin:.25em 0}.bar label{margin-right:1em}
 button{margin-right:4px}
@@ -194,6 +201,37 @@ def page_data(suggestions, pictures: dict, tags: dict, page_id: str) -> dict:
             "tags": names, "rows": rows, "posts": posts}
 
 
+def audit_notes(record: dict) -> tuple[list[str], list[str]]:
+    """(what the audit found, its warnings) from audit/audit.json, for the page's head: the estimated number of
+    label errors, each scoring model's figures on the posts it did not see, the tags not audited. A record
+    without these (an older audit) gives none."""
+    notes = []
+    estimated = record.get("estimated_errors")
+    if isinstance(estimated, (int, float)):
+        notes.append(f"About {estimated:,.0f} label errors estimated over the audited tags.")
+    for figures in record.get("validation") or ():
+        if not isinstance(figures, dict) or not figures.get("model"):
+            continue
+        shown = {key: "\u2013" if figures.get(key) is None else f"{figures[key]:.2f}" for key in ("map", "mean_auc")}
+        posts = f" on the {figures['posts']:,} posts it did not see" if isinstance(figures.get("posts"), int) else ""
+        notes.append(f"{Path(str(figures['model'])).name}: mAP {shown['map']}, mean AUC {shown['mean_auc']}{posts}.")
+    skipped = record.get("skipped_tags") or ()
+    if skipped:
+        notes.append(f"{plural(len(skipped), 'tag')} not audited: their scores cannot separate the posts that carry them "
+                     "(audit/audit.json names them with their figure).")
+    warnings = [str(text) for text in record.get("warnings") or () if text]
+    return notes, warnings
+
+
+def _record_of(project_root: Path) -> dict:
+    """audit/audit.json as written just before the page, or {} when it cannot be read (the page shows no notes)."""
+    try:
+        record = json.loads((project_root / AUDIT_DIR / AUDIT_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def _wording(probability: bool) -> tuple[str, str, str]:
     """(the figure's column header, what the probability filter reads, the paragraph saying what the figures are)."""
     scores = ("The model's score: what the model gives the tag on the picture (0 to 1), from a model that did "
@@ -207,8 +245,12 @@ def _wording(probability: bool) -> tuple[str, str, str]:
             "for a wrong one (the model's own figure, not a calibrated probability).")
 
 
-def page_html(title: str, suggestions, pictures: dict, tags: dict, page_id: str, project: str) -> str:
+def page_html(title: str, suggestions, pictures: dict, tags: dict, page_id: str, project: str,
+              record: dict | None = None) -> str:
     data = page_data(suggestions, pictures, tags, page_id)
+    notes, warnings = audit_notes(record or {})
+    found = (f'<p class="note">{html.escape(" ".join(notes))}</p>' if notes else "") + "".join(
+        f'<p class="warning">warning: {html.escape(text)}</p>' for text in warnings)
     column, least, explained = _wording(data["rows"]["probability"] is not None)
     names = ("rank", "picture", "post", "suggestion") + ((column,) if column else ()) + ("the post's tags", "")
     header = "".join(f"<th>{name}</th>" for name in names)
@@ -220,6 +262,7 @@ def page_html(title: str, suggestions, pictures: dict, tags: dict, page_id: str,
 <body><h1>{escape(title)}</h1>
 <p>{len(suggestions):,} suggestions. <span class="missing">missing</span>: the post lacks the tag;
 <span class="wrong">wrong</span>: the post carries the tag. {escape(explained)}</p>
+{found}
 <div class="bar">
 <div><label>kind <select id="filter-kind"><option value="">every kind</option>
 <option value="missing">missing (add the tag)</option><option value="wrong">wrong (remove the tag)</option></select></label>
@@ -260,5 +303,5 @@ def write_page(project_root: Path, suggestions, records) -> Path:
     page_id = f"{project_root.resolve()}:{digest}"
     path = project_root / PAGE_FILE
     write_text_atomic(path, page_html(f"Tag audit of {project_root.resolve().name}", suggestions, pictures, tags,
-                                      page_id, str(project_root)))
+                                      page_id, str(project_root), _record_of(project_root)))
     return path

@@ -125,16 +125,22 @@ def test_per_tag_thresholds_and_fallback():
     assert per_tag["precision"][0] == pytest.approx(0.75)
     assert per_tag["recall"][0] == pytest.approx(1.0)
     assert per_tag["f1"][0] == pytest.approx(6 / 7)
-    # Tag B has one positive < min_support: global 0.6, where 0.75 is a false alarm.
-    assert per_tag["threshold"][1] == pytest.approx(0.6)
-    assert per_tag["precision"][1] == pytest.approx(0.5)
-    assert per_tag["f1"][1] == pytest.approx(2 / 3)
-    # Tag C: no positives, global threshold, nothing predicted at 0.6.
-    assert per_tag["threshold"][2] == pytest.approx(0.6)
+    # Tag B has one positive < min_support: it shares the fallback, the micro-F1-best threshold over the tags
+    # without their own (B and C): 0.8 and 0.9 give F1 1 there (0.75 is a false alarm), the middle is 0.8,
+    # better than the working 0.5 on them.
+    assert result["fallback_threshold"] == pytest.approx(0.8)
+    assert result["fallback_threshold_micro_f1"] == pytest.approx(1.0)
+    assert result["fallback_threshold_micro_f1_at_threshold"] == pytest.approx(2 / 3)
+    assert per_tag["threshold"][1] == pytest.approx(0.8)
+    assert per_tag["precision"][1] == pytest.approx(1.0)
+    assert per_tag["f1"][1] == pytest.approx(1.0)
+    # Tag C: no positives, the fallback, nothing predicted at 0.8.
+    assert per_tag["threshold"][2] == pytest.approx(0.8)
     assert (per_tag["precision"][2], per_tag["recall"][2], per_tag["f1"][2]) == (0.0, 0.0, 0.0)
     assert per_tag["calibrated"].tolist() == [True, False, False]
-    assert result["calibrated_tags"] == 1
-    assert result["calibrated_macro_f1"] == pytest.approx((6 / 7 + 2 / 3) / 2)
+    assert per_tag["withheld"].tolist() == [False, False, False]
+    assert result["calibrated_tags"] == 1 and result["withheld_tags"] == 0
+    assert result["calibrated_macro_f1"] == pytest.approx((6 / 7 + 1) / 2)
 
 
 def test_min_support_one_calibrates_single_positive_tag():
@@ -206,6 +212,10 @@ def test_counts_at_chosen_thresholds_are_exact_even_on_bin_edges():
     for tag in range(5):
         chosen = scores[:, tag] >= per_tag["threshold"][tag]
         tp = (chosen & labels[:, tag]).sum()
+        assert per_tag["predicted"][tag] == chosen.sum()
+        if per_tag["withheld"][tag]:  # never emitted by default: nothing found
+            assert per_tag["precision"][tag] == per_tag["recall"][tag] == 0.0
+            continue
         assert per_tag["precision"][tag] == pytest.approx(tp / max(chosen.sum(), 1))
         assert per_tag["recall"][tag] == pytest.approx(tp / labels[:, tag].sum())
     chosen = scores >= result["global_threshold"]
@@ -292,12 +302,15 @@ def test_thresholds_csv_round_trip(tmp_path):
     write_thresholds_csv(path, tags, result)
     with open(path, newline="", encoding="utf-8") as stream:
         rows = list(csv.DictReader(stream))
-    assert list(rows[0].keys()) == ["tag", "threshold", "precision", "recall", "f1", "support"]
+    assert list(rows[0].keys()) == ["tag", "threshold", "precision", "recall", "f1", "support", "ap", "use",
+                                    "reason"]
     assert [row["tag"] for row in rows] == tags
     assert rows[0] == {"tag": "tag_a", "threshold": "0.2", "precision": "0.750000", "recall": "1.000000",
-                       "f1": "0.857143", "support": "3"}
-    assert rows[2]["support"] == "0"
-    assert read_thresholds_csv(path) == {"tag_a": 0.2, "b,with comma": 0.6, 'c "quoted"': 0.6}
+                       "f1": "0.857143", "support": "3", "ap": "0.916667", "use": "own",
+                       "reason": "F1 0.857 at its own threshold against 0.667 at 0.5 (AP 0.917, 3 positives)"}
+    assert (rows[1]["use"], rows[1]["reason"]) == ("fallback", "1 positives (under 2): the fallback 0.8")
+    assert (rows[2]["support"], rows[2]["ap"], rows[2]["use"]) == ("0", "", "fallback")
+    assert read_thresholds_csv(path) == {"tag_a": 0.2, "b,with comma": 0.8, 'c "quoted"': 0.8}
     assert [p.name for p in tmp_path.iterdir()] == ["model.thresholds.csv"]
 
 
@@ -409,10 +422,11 @@ def test_equal_point_bisection():
     assert equal_point(np.zeros(11), recall + 1) == 10  # never meets: the top of the range
 
 
-def test_calibrated_macro_f1_below_macro_f1_is_the_rare_tags_at_the_global_threshold():
+def test_rare_tags_fall_back_to_what_measures_better_than_the_working_threshold_not_the_global_one():
     # One frequent tag scores low (positives 0.15, negatives 0.05): the global threshold follows it down.
     # Nine rare tags (3 positives each, under min_support) score their positives 0.7 and a few negatives
-    # 0.25: right at 0.5, wrong at the low global threshold. This is a fine-tune with few calibrated tags.
+    # 0.25: right at 0.5, wrong at the low global threshold. This is a fine-tune with few calibrated tags,
+    # where the global threshold once made the defaults worse than 0.5.
     samples, tags = 200, 10
     scores = np.full((samples, tags), 0.05)
     labels = np.zeros((samples, tags))
@@ -428,22 +442,81 @@ def test_calibrated_macro_f1_below_macro_f1_is_the_rare_tags_at_the_global_thres
     result = metrics.result()
     assert result["calibrated_tags"] == 1 and result["fallback_tags"] == 9
     assert result["global_threshold"] < 0.25
-    assert result["calibrated_macro_f1"] < result["macro_f1"]
-    # The split says why: calibration never lowers a calibrated tag's F1 on the split it was fitted on ...
+    assert 0.25 < result["fallback_threshold"] <= 0.7
+    assert result["calibrated_macro_f1"] >= result["macro_f1"]
     assert result["calibrated_tags_f1"] >= result["calibrated_tags_f1_at_threshold"]
-    # ... the rare tags at the global threshold are what fall.
-    assert result["fallback_tags_f1"] < result["fallback_tags_f1_at_threshold"] == 1.0
+    assert result["fallback_tags_f1"] == result["fallback_tags_f1_at_threshold"] == 1.0
     # Both averages are over the same tags, the weighted means of their parts.
     for whole, own, at_threshold in (("calibrated_macro_f1", "calibrated_tags_f1", "fallback_tags_f1"),
                                      ("macro_f1", "calibrated_tags_f1_at_threshold", "fallback_tags_f1_at_threshold")):
         assert result[whole] == pytest.approx((1 * result[own] + 9 * result[at_threshold]) / 10)
-    # evaluate-project --metrics names the tags and thresholds of each macro figure under them.
-    from deepdanbooru.inference.project_metrics import coverage_lines
 
-    lines = coverage_lines(scalar_metrics(result))
-    assert lines[0] == "macro_f1, map: the 10 tags with a positive in the split, macro_f1 each at 0.5"
-    assert lines[1].startswith("calibrated_macro_f1: the same 10: 1 at their own threshold (>= 10 positives; ")
-    assert f"9 at global_threshold {result['global_threshold']:g} (fallback_tags_f1 " in lines[1]
+
+def _policy_result(scores, labels, threshold=0.5, min_support=10):
+    metrics = ValidationMetrics(scores.shape[1], threshold=threshold, bins=100, min_support=min_support)
+    metrics.update(scores, labels)
+    return metrics.result()
+
+
+def test_own_threshold_needs_positives_an_ap_and_a_gain_over_the_working_threshold():
+    rng = np.random.default_rng(0)
+    samples = 400
+    labels = np.zeros((samples, 4))
+    labels[:40] = 1
+    scores = np.full((samples, 4), 0.01)
+    # 0: well ranked, positives at 0.3 (missed at 0.5): its own threshold gains.
+    scores[:40, 0] = 0.3
+    # 1: well ranked, positives at 0.8: 0.5 is as good as any, no gain.
+    scores[:40, 1] = 0.8
+    # 2: ranked at random (AP ~0.1): its F1-best threshold is a fit to noise.
+    scores[:, 2] = rng.random(samples) * 0.4
+    # 3: well ranked but only 5 positives.
+    labels[5:, 3] = 0
+    scores[:5, 3] = 0.3
+    result = _policy_result(scores, labels)
+    per_tag = result["per_tag"]
+    assert per_tag["calibrated"].tolist() == [True, False, False, False]
+    reasons = per_tag["reason"]
+    assert reasons[0].startswith("F1 1.000 at its own threshold against 0.000 at 0.5")
+    assert reasons[1].startswith("its own threshold gains under 0.02 F1")
+    assert reasons[2].startswith("AP 0.") and "(under 0.2)" in reasons[2]
+    assert reasons[3].startswith("5 positives (under 10)")
+
+
+def test_mostly_wrong_and_everywhere_tags_are_withheld():
+    samples = 100
+    labels = np.zeros((samples, 3))
+    scores = np.full((samples, 3), 0.01)
+    # 0: 20 predictions at the working threshold, 1 of them right (precision 0.05): withheld.
+    labels[0, 0] = 1
+    scores[:20, 0] = 0.9
+    # 1: on 80 of 100 pictures, carried by 10 of them: withheld (lands on most pictures, mostly wrongly).
+    labels[:10, 1] = 1
+    scores[:80, 1] = 0.9
+    # 2: on 60 pictures, carried by 55 of them: that common, kept.
+    labels[:55, 2] = 1
+    scores[:60, 2] = 0.9
+    result = _policy_result(scores, labels, min_support=1000)
+    per_tag = result["per_tag"]
+    assert per_tag["withheld"].tolist() == [True, True, False]
+    assert result["withheld_tags"] == 2
+    assert per_tag["reason"][0].startswith("mostly wrong on validation: 20 predictions")
+    assert per_tag["reason"][1].startswith("would land on 80 of 100 validation pictures, mostly wrongly")
+    # Withheld: nothing found, so F1 0 where the tag has positives.
+    assert per_tag["f1"][0] == per_tag["f1"][1] == 0.0 and per_tag["f1"][2] > 0.9
+
+
+def test_a_withheld_row_is_read_as_never_emitted(tmp_path):
+    from deepdanbooru.inference.output import select_tags, threshold_vector
+
+    path = tmp_path / "m.thresholds.csv"
+    path.write_text("tag,threshold,use,reason\na,0.4,own,x\nb,0.5,withheld,mostly wrong\nc,0.6,fallback,y\n")
+    assert read_thresholds_csv(path) == {"a": 0.4, "b": math.inf, "c": 0.6}
+    vector = threshold_vector(["a", "b", "c"], 0.5, path)
+    assert [tag for tag, _ in select_tags(["a", "b", "c"], np.array([1.0, 1.0, 1.0]), vector)] == ["a", "c"]
+    path.write_text("tag,threshold,use\na,0.4,sometimes\n")
+    with pytest.raises(ModelError, match="line 2.*use 'sometimes'"):
+        read_thresholds_csv(path)
 
 
 def test_the_mean_over_an_empty_group_of_tags_is_shown_as_none_not_zero():

@@ -31,6 +31,7 @@ from deepdanbooru.scoring.thresholds import (  # noqa: F401  (re-exported: one i
     equal_point,
     f1_scores,
     ratios,
+    ThresholdPolicy,
     read_thresholds_csv,
     write_thresholds_csv,
 )
@@ -220,6 +221,10 @@ class ValidationMetrics:
             "global_threshold_recall": float(ratios(global_counts[0], global_counts[0] + global_counts[2])),
             "global_threshold_f1": float(f1_scores(*global_counts)),
             "calibrated_tags": int(per_tag["calibrated"].sum()),
+            "withheld_tags": int(per_tag["withheld"].sum()),
+            "fallback_threshold": float(self._edges[self._fallback[0]]),
+            "fallback_threshold_micro_f1": self._fallback[1],
+            "fallback_threshold_micro_f1_at_threshold": self._fallback[2],
             "calibrated_macro_f1": macro(per_tag["f1"]),
             **_calibration_parts(per_tag, f1, has_positives),
             **published.result(),
@@ -258,8 +263,15 @@ class ValidationMetrics:
         return index, (int(positives[index]), int(negatives[index]), total - int(positives[index]))
 
     def _per_tag_thresholds(self, global_index, global_threshold, published: "_PublishedFigures") -> dict:
-        """Per-tag thresholds, F1 and AP; feeds `published` the same chunks' curves (computed once)."""
+        """Per-tag default thresholds, F1 and AP; feeds `published` the same chunks' curves (computed once).
+
+        The policy (scoring.thresholds.ThresholdPolicy): a tag keeps its own F1-best threshold only where it is
+        reliable; the others share the fallback threshold; a tag whose predictions at its threshold are mostly
+        wrong, or that would land on most pictures without being that common, is withheld (never emitted).
+        """
         n = self.n_tags
+        policy = ThresholdPolicy(self.min_support)
+        working = int(round(self.threshold * self.bins))
         out = {
             "threshold": np.empty(n, dtype=np.float64),
             "precision": np.empty(n, dtype=np.float64),
@@ -268,10 +280,15 @@ class ValidationMetrics:
             "support": np.empty(n, dtype=np.int64),
             "ap": np.empty(n, dtype=np.float64),
             "calibrated": np.empty(n, dtype=bool),
+            "withheld": np.zeros(n, dtype=bool),
+            "predicted": np.zeros(n, dtype=np.int64),
         }
-        # Without any positive every tag has tp = 0, so every threshold scores 0
-        # and the fallback slot is arbitrary.
-        fallback = 0 if global_index is None else global_index
+        own_index = np.zeros(n, dtype=np.int64)
+        own_f1 = np.zeros(n)
+        working_f1 = np.zeros(n)
+        pooled_tp = np.zeros(self.bins + 1, dtype=np.int64)
+        pooled_fp = np.zeros(self.bins + 1, dtype=np.int64)
+        pooled_support = 0
         chunk = max(1, _RESULT_CHUNK_ELEMENTS // (self.bins + 1))
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
@@ -291,18 +308,43 @@ class ValidationMetrics:
             f1_curve = f1_scores(tp, fp, fn)
             published.add(start, stop, tp, fp, fn, precision_curve, f1_curve)
 
-            calibrated = support >= self.min_support
-            index = np.where(calibrated, best_threshold_indices(f1_curve), fallback)
-            chosen_tp, chosen_fp, chosen_fn = tp[rows, index], fp[rows, index], fn[rows, index]
-
+            best = best_threshold_indices(f1_curve)
             part = slice(start, stop)
-            out["threshold"][part] = np.where(calibrated, self._edges[index], global_threshold)
-            out["precision"][part] = ratios(chosen_tp, chosen_tp + chosen_fp)
-            out["recall"][part] = ratios(chosen_tp, support)
-            out["f1"][part] = f1_scores(chosen_tp, chosen_fp, chosen_fn)
-            out["support"][part] = support
-            out["ap"][part] = ap
-            out["calibrated"][part] = calibrated
+            own_index[part], own_f1[part], working_f1[part] = best, f1_curve[rows, best], f1_curve[:, working]
+            own = policy.own_threshold(support, ap, own_f1[part], working_f1[part])
+            pooled_tp += tp[~own].sum(axis=0)
+            pooled_fp += fp[~own].sum(axis=0)
+            pooled_support += int(support[~own].sum())
+            out["support"][part], out["ap"][part], out["calibrated"][part] = support, ap, own
+
+        # The tags without their own threshold share one: the micro-F1-best threshold over them, where it
+        # measures better than the working threshold on them (otherwise the working threshold).
+        pooled_f1 = f1_scores(pooled_tp, pooled_fp, pooled_support - pooled_tp)
+        fallback = int(best_threshold_indices(pooled_f1)[0]) if pooled_support else working
+        if not pooled_f1[fallback] > pooled_f1[working]:
+            fallback = working
+        self._fallback = (fallback, float(pooled_f1[fallback]), float(pooled_f1[working]))
+        index = np.where(out["calibrated"], own_index, fallback)
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            part = slice(start, stop)
+            beyond = np.arange(self.bins + 1)[None, :] >= index[part, None]
+            chosen_tp = (self._histogram[1, part] * beyond).sum(axis=1, dtype=np.int64)
+            chosen_fp = (self._histogram[0, part] * beyond).sum(axis=1, dtype=np.int64)
+            support = out["support"][part]
+            chosen_fn = support - chosen_tp
+            withheld = policy.withhold(chosen_tp, chosen_fp, support, self.samples)
+            out["withheld"][part] = withheld
+            out["threshold"][part] = np.where(out["calibrated"][part], self._edges[index[part]],
+                                              self._edges[fallback])
+            # What the default thresholds give: a withheld tag is never predicted.
+            kept_tp, kept_fp = np.where(withheld, 0, chosen_tp), np.where(withheld, 0, chosen_fp)
+            out["precision"][part] = ratios(kept_tp, kept_tp + kept_fp)
+            out["recall"][part] = ratios(kept_tp, support)
+            out["f1"][part] = f1_scores(kept_tp, kept_fp, np.where(withheld, support, chosen_fn))
+            out["predicted"][part] = chosen_tp + chosen_fp
+        out["own_f1"], out["working_f1"] = own_f1, working_f1
+        out["reason"] = policy.reasons(out, self._edges[fallback], self.threshold, self.samples)
         return out
 
 

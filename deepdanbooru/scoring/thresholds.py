@@ -15,7 +15,71 @@ import numpy as np
 from deepdanbooru.errors import ModelError, file_field
 from deepdanbooru.fileio import write_text_atomic
 
-THRESHOLD_COLUMNS = ("tag", "threshold", "precision", "recall", "f1", "support")
+THRESHOLD_COLUMNS = ("tag", "threshold", "precision", "recall", "f1", "support", "ap", "use", "reason")
+# The "use" column: the tag's own threshold, the shared fallback, or never emitted by default.
+OWN, FALLBACK, WITHHELD = "own", "fallback", "withheld"
+
+
+class ThresholdPolicy:
+    """Which tags get their own threshold and which are withheld by default (docs/metrics.md).
+
+    A threshold fitted on the validation split also fits its noise, so a tag gets its own only with enough
+    positives (min_support), a ranking good enough to threshold (AP >= MIN_AP: below it most pictures above
+    any threshold lack the tag, and the F1-best threshold sits low, on many pictures) and a gain over the
+    working threshold large enough to outlast that noise (MIN_GAIN in F1). A tag is withheld when its
+    predictions at its threshold were mostly wrong on validation (precision under MIN_PRECISION over at
+    least MIN_PREDICTIONS predictions: each such tag costs a caption more than it adds) or when it would
+    land on over half the pictures, mostly wrongly, while fewer than half carry it.
+    """
+
+    MIN_AP = 0.2
+    MIN_GAIN = 0.02
+    MIN_PRECISION = 0.1
+    MIN_PREDICTIONS = 3
+
+    def __init__(self, min_support: int):
+        self.min_support = int(min_support)
+
+    def own_threshold(self, support, ap, own_f1, working_f1) -> np.ndarray:
+        ap = np.nan_to_num(np.asarray(ap, dtype=np.float64), nan=0.0)
+        return ((np.asarray(support) >= self.min_support) & (ap >= self.MIN_AP)
+                & (np.asarray(own_f1) - np.asarray(working_f1) >= self.MIN_GAIN))
+
+    def withhold(self, tp, fp, support, samples: int) -> np.ndarray:
+        tp, fp, support = (np.asarray(value, dtype=np.int64) for value in (tp, fp, support))
+        predicted = tp + fp
+        wrong = (predicted >= self.MIN_PREDICTIONS) & (tp < self.MIN_PRECISION * predicted)
+        everywhere = (2 * predicted > samples) & (2 * support < samples) & (2 * tp < predicted)
+        return wrong | everywhere
+
+    def reasons(self, per_tag: dict, fallback: float, working: float, samples: int) -> list[str]:
+        """One short reason per tag: why it has the threshold (or the withholding) it has."""
+        out = []
+        for index in range(len(per_tag["support"])):
+            support, ap = int(per_tag["support"][index]), float(per_tag["ap"][index])
+            predicted = int(per_tag["predicted"][index])
+            if per_tag["withheld"][index]:
+                if 2 * predicted > samples and 2 * support < samples:
+                    out.append(f"would land on {predicted} of {samples} validation pictures, mostly wrongly; "
+                               f"{support} carry it")
+                else:
+                    out.append(f"mostly wrong on validation: {predicted} predictions at "
+                               f"{per_tag['threshold'][index]:.3f}, precision under {self.MIN_PRECISION:g}")
+                continue
+            if per_tag["calibrated"][index]:
+                out.append(f"F1 {per_tag['own_f1'][index]:.3f} at its own threshold against "
+                           f"{per_tag['working_f1'][index]:.3f} at {working:g} (AP {ap:.3f}, {support} positives)")
+            elif support == 0:
+                out.append(f"no positive in validation: the fallback {fallback:g}")
+            elif support < self.min_support:
+                out.append(f"{support} positives (under {self.min_support}): the fallback {fallback:g}")
+            elif not ap >= self.MIN_AP:
+                out.append(f"AP {ap:.3f} (under {self.MIN_AP:g}): the fallback {fallback:g}")
+            else:
+                out.append(f"its own threshold gains under {self.MIN_GAIN:g} F1 "
+                           f"({per_tag['own_f1'][index]:.3f} against {per_tag['working_f1'][index]:.3f} at "
+                           f"{working:g}): the fallback {fallback:g}")
+        return out
 
 
 def ratios(numerator, denominator) -> np.ndarray:
@@ -84,10 +148,11 @@ def _format_score(value: float) -> str:
 
 
 def write_thresholds_csv(path, tags, result) -> None:
-    """tag, threshold, precision, recall, f1, support: one row per tag, in tags.txt order.
+    """tag, threshold, precision, recall, f1, support, ap, use, reason: one row per tag, in tags.txt order.
 
-    precision, recall and f1 are measured at that row's threshold; support is the
-    number of validation samples carrying the tag.
+    precision, recall and f1 are what the default thresholds give on validation (0 for a withheld tag, which
+    is never emitted); support is the number of validation samples carrying the tag; use is own, fallback or
+    withheld, and reason says why.
     """
     per_tag = result["per_tag"]
     if len(tags) != len(per_tag["threshold"]):
@@ -96,6 +161,8 @@ def write_thresholds_csv(path, tags, result) -> None:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(THRESHOLD_COLUMNS)
     for index, tag in enumerate(tags):
+        ap = float(per_tag["ap"][index])
+        use = WITHHELD if per_tag["withheld"][index] else OWN if per_tag["calibrated"][index] else FALLBACK
         writer.writerow((
             tag,
             repr(float(per_tag["threshold"][index])),
@@ -103,12 +170,17 @@ def write_thresholds_csv(path, tags, result) -> None:
             _format_score(per_tag["recall"][index]),
             _format_score(per_tag["f1"][index]),
             int(per_tag["support"][index]),
+            "" if math.isnan(ap) else _format_score(ap),
+            use,
+            per_tag["reason"][index],
         ))
     write_text_atomic(path, buffer.getvalue())
 
 
 def read_thresholds_csv(path) -> dict[str, float]:
-    """tag -> threshold from a file written by write_thresholds_csv (other columns are ignored)."""
+    """tag -> threshold from a file written by write_thresholds_csv; a row whose use is "withheld" gives
+    infinity (never emitted). Other columns are ignored, and a file without a use column (one written before
+    it, or by hand) is read by its thresholds alone."""
     try:
         with open(path, newline="", encoding="utf-8") as stream:
             rows = list(csv.reader(stream))
@@ -118,6 +190,7 @@ def read_thresholds_csv(path) -> dict[str, float]:
         raise ModelError(file_field(path, "header", "needs the columns tag and threshold"))
     tag_column = rows[0].index("tag")
     threshold_column = rows[0].index("threshold")
+    use_column = rows[0].index("use") if "use" in rows[0] else None
     thresholds: dict[str, float] = {}
     for line, row in enumerate(rows[1:], start=2):
         if not row:
@@ -134,5 +207,8 @@ def read_thresholds_csv(path) -> dict[str, float]:
             raise ModelError(file_field(path, field, f"threshold {value} is not in [0, 1]"))
         if tag in thresholds:
             raise ModelError(file_field(path, field, f"tag {tag!r} appears twice"))
-        thresholds[tag] = value
+        use = row[use_column].strip() if use_column is not None and use_column < len(row) else ""
+        if use not in ("", OWN, FALLBACK, WITHHELD):
+            raise ModelError(file_field(path, field, f"use {use!r} is not one of {OWN}, {FALLBACK}, {WITHHELD}"))
+        thresholds[tag] = math.inf if use == WITHHELD else value
     return thresholds

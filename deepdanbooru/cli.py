@@ -797,9 +797,11 @@ def report(project_path, model_path, save_path, allow_gpu, batch_size):
 @click.option("--apply", "apply_file", type=click.Path(dir_okay=False, path_type=str),
               help="Apply the rows of FILE (audit.csv's format: the page's export, or a copy of audit.csv without "
                    "the rejected rows) to the posts table, after a backup of the database.")
-@click.option("--dry-run", is_flag=True, help="With --apply: print what would change, change nothing.")
+@click.option("--dry-run", is_flag=True, help="With --apply: list each change (post, tag, add or remove, caption "
+                                               "file), then the totals; change nothing.")
 @click.option("--captions", type=click.Path(file_okay=False, path_type=str),
-              help="With --apply: the folder import-images read; the pictures' caption files get the same change.")
+              help="With --apply: the folder import-images read; the pictures' caption files are brought in line "
+                   "with the rows, also where the database already holds them.")
 @click.option("--caption-extension", default=".txt", show_default=True, help="With --captions: their extension.")
 @click.option("--caption-separator", default=",", show_default=True,
               help="With --captions: the string between their tags, as import-images read them.")

@@ -236,7 +236,8 @@ def audit_figures(project: Path, injected: set) -> dict:
         if post_id in row and tag in column:
             truth[row[post_id], column[tag]] = True
     n = int(truth.sum())
-    ranking = rank_labels(given, scores)
+    votes = saved["votes"] if "votes" in saved.files else None
+    ranking = rank_labels(given, scores, votes)
     full = ranking.full_order()
     hits = truth[full[:, 0], full[:, 1]]
     default = ranking.order()
@@ -260,6 +261,18 @@ def audit_figures(project: Path, injected: set) -> dict:
                "rows_recall": float(found.sum() / n) if n else None,
                "ranked_anywhere": int(hits.sum()), "margin_precision_at_n": float(truth.flat[margin].mean()),
                **cleanlab}
+    if votes is not None:  # the ranking on the model's scores alone, without the post's other tags
+        alone = rank_labels(given, scores)
+        order = alone.full_order()
+        alone_hits = truth[order[:, 0], order[:, 1]]
+        rows = alone.order()
+        figures["scores_only"] = {
+            **{f"precision_at_{k}": float(alone_hits[:k].mean()) for k in (50, 100)},
+            "precision_at_n": float(alone_hits[:n].mean()), "rows": int(len(rows)),
+            "rows_precision": float(truth[rows[:, 0], rows[:, 1]].mean()) if len(rows) else None,
+            "rows_recall": float(truth[rows[:, 0], rows[:, 1]].sum() / n) if n else None,
+            "estimated_errors": round(alone.estimated_errors, 1)}
+    figures["estimated_errors"] = round(ranking.estimated_errors, 1)
     summary = project / "audit" / "audit.json"
     if summary.is_file():
         record = json.loads(summary.read_text())

@@ -830,3 +830,45 @@ def test_the_summary_names_unaudited_tags_each_models_figures_and_says_when_they
     assert "run train-project again" not in text and "fold-*/scores.npz and run the audit again" in text
     assert "warning: the scoring models are too weak" in text and "Not audited:" in text
     assert suggestions == [] and "0 suggestions" in lines[-2]
+
+
+def test_the_other_tags_vote_for_a_tag_the_look_alikes_carry_leaving_the_label_itself_out(monkeypatch):
+    from deepdanbooru.audit import cooccurrence
+
+    # Four drawings of each of three subjects, tags a b c / d e f / a d g; drawing 1 lacks c, drawing 5
+    # carries an e its look-alikes lack.
+    subjects = [[1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1, 0], [1, 0, 0, 1, 0, 0, 1]]
+    tags = np.array([subjects[i // 4] for i in range(12)], dtype=np.int8)
+    tags[1, 2] = 0
+    tags[9, 4] = 1
+    votes = cooccurrence.tag_votes(tags, [2, 4])
+    assert votes[1, 0] > 0.9  # c: its three look-alikes carry it
+    assert 0.6 < votes[0, 0] < 0.7  # two of its three look-alikes carry c (drawing 1 lacks it)
+    assert votes[9, 1] < 0.1 and votes[5, 1] > 0.9  # e: only drawing 9 of its subject carries it
+    assert votes[8, 0] < 0.1
+    # Blocks and a reference sample give the same votes where the sample holds every post.
+    monkeypatch.setattr(cooccurrence, "BLOCK", 5)
+    assert np.allclose(cooccurrence.tag_votes(tags, [2, 4]), votes)
+    # A post never votes on itself: one post alone leans to the tag's frequency.
+    alone = cooccurrence.tag_votes(np.array([[1, 1], [0, 0]]), [0])
+    assert 0.3 < alone[0, 0] < 0.7
+
+
+def test_the_other_tags_lift_a_mistake_the_scores_alone_leave_unsure():
+    rng = np.random.default_rng(3)
+    subjects = rng.random((60, 40)) < 0.12
+    tags = np.repeat(subjects, 4, axis=0)  # four drawings a subject, same tags
+    truth = tags.copy()
+    given = truth.copy()
+    given[10, 3] = not given[10, 3]
+    given[21, 5] = not given[21, 5]
+    logits = np.where(truth, 1.5, -1.5) + rng.normal(0, 1.0, truth.shape)  # a middling model
+    scores = 1 / (1 + np.exp(-logits))
+    from deepdanbooru.audit.cooccurrence import tag_votes
+
+    votes = tag_votes(given, list(range(40)))
+    alone = rank_labels(given, scores)
+    both = rank_labels(given, scores, votes)
+    assert alone.probability[21, 5] < 0.5 < both.probability[21, 5]  # the score alone (0.21) leaves it unsure
+    top = both.full_order()[:2]
+    assert {tuple(pair) for pair in top.tolist()} == {(10, 3), (21, 5)}

@@ -150,6 +150,7 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo, group
     """Rank the scored labels and write audit.csv, its record and the page. groups: the scoring models,
     each {"model": name, "posts": indices into records, "trained": how far it trained (folds)}."""
     from deepdanbooru.audit import summary as summary_room
+    from deepdanbooru.audit.cooccurrence import tag_votes
     from deepdanbooru.audit.page import write_page
     from deepdanbooru.audit.ranking import rank_labels
 
@@ -162,12 +163,14 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo, group
     order = np.argsort(kept, kind="stable")
     kept, scores = kept[order], scores[order]
     audited = [tags[column] for column in columns]
-    given = given_matrix(records, tags)[kept][:, columns]
+    every_tag = given_matrix(records, tags)[kept]
+    given = every_tag[:, columns]
+    votes = tag_votes(every_tag, columns, np.asarray(records.ids)[kept])
     # The scores behind the ranking, for a closer look (bench/audit.py measures rankings on them).
     (paths.root / AUDIT_DIR).mkdir(parents=True, exist_ok=True)
     np.savez(paths.root / AUDIT_DIR / "scores.npz", ids=np.asarray(records.ids)[kept], given=given, scores=scores,
-             tags=np.asarray(audited))
-    ranking = rank_labels(given, scores)
+             votes=votes, tags=np.asarray(audited))
+    ranking = rank_labels(given, scores, votes)
     suggestions = []
     for rank, (row, column) in enumerate(ranking.order(top, min_probability), start=1):
         index = int(kept[row])

@@ -99,35 +99,36 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def fit_platt(targets: np.ndarray, x: np.ndarray, start=None, rounds: int = 30) -> tuple[np.ndarray, np.ndarray]:
-    """Per column (a, b) of P(carrier | score) = sigmoid(a * x + b), x = logit(score), fitted to `targets`
-    (0..1: a label, or the probability that the picture shows the tag) by maximum a posteriori under a
-    Gaussian prior (precisions SLOPE_PRIOR, OFFSET_PRIOR) centred on a = 0 and b = the logit of the column's mean
-    target; Newton's method on all columns at once, from `start` (a, b) when given."""
+def fit_platt(targets: np.ndarray, features: np.ndarray, start=None, rounds: int = 30) -> np.ndarray:
+    """Per column the weights w of P(carrier | features) = sigmoid(w[:-1] . features + w[-1]), fitted to
+    `targets` (posts, tags; 0..1: a label, or the probability that the picture shows the tag) by maximum a
+    posteriori under a Gaussian prior (precisions SLOPE_PRIOR on the slopes, OFFSET_PRIOR on the offset)
+    centred on slopes 0 and the logit of the column's mean target; Newton's method on all columns at once,
+    from `start` (tags, k + 1) when given. features: (posts, tags, k), e.g. logits of scores."""
     y = np.asarray(targets, dtype=np.float64)
+    x = np.concatenate([features, np.ones(features.shape[:2] + (1,))], axis=2)  # (posts, tags, k + 1)
+    k = x.shape[2]
     frequency = np.clip((y.sum(axis=0) + 0.5) / (y.shape[0] + 1.0), EPSILON, 1 - EPSILON)
-    b0 = np.log(frequency / (1 - frequency))
-    a, b = (np.zeros(y.shape[1]), b0.copy()) if start is None else start
+    centre = np.zeros((y.shape[1], k))
+    centre[:, -1] = np.log(frequency / (1 - frequency))
+    precision = np.full(k, SLOPE_PRIOR)
+    precision[-1] = OFFSET_PRIOR
+    w = centre.copy() if start is None else np.array(start, dtype=np.float64)
     for _ in range(rounds):
-        p = _sigmoid(a * x + b)
-        w = p * (1 - p)
-        residual = p - y
-        ga = (residual * x).sum(axis=0) + SLOPE_PRIOR * a
-        gb = residual.sum(axis=0) + OFFSET_PRIOR * (b - b0)
-        haa = (w * x * x).sum(axis=0) + SLOPE_PRIOR
-        hab = (w * x).sum(axis=0)
-        hbb = w.sum(axis=0) + OFFSET_PRIOR
-        det = haa * hbb - hab * hab
-        step_a = (hbb * ga - hab * gb) / det
-        step_b = (haa * gb - hab * ga) / det
-        a, b = a - step_a, b - step_b
-        if max(np.abs(step_a).max(initial=0.0), np.abs(step_b).max(initial=0.0)) < 1e-6:
+        p = _sigmoid(np.einsum("ptk,tk->pt", x, w))
+        gradient = np.einsum("pt,ptk->tk", p - y, x) + precision * (w - centre)
+        hessian = np.einsum("pt,ptk,ptl->tkl", p * (1 - p), x, x) + np.diag(precision)
+        step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
+        w = w - step
+        if np.abs(step).max(initial=0.0) < 1e-6:
             break
-    return a, b
+    return w
 
 
-def rank_labels(given: np.ndarray, scores: np.ndarray) -> Ranking:
-    """given: (posts, tags) 0/1 labels; scores: the same shape, out-of-sample probabilities."""
+def rank_labels(given: np.ndarray, scores: np.ndarray, votes: np.ndarray | None = None) -> Ranking:
+    """given: (posts, tags) 0/1 labels; scores: the same shape, out-of-sample probabilities; votes: the same
+    shape, what the post's other tags say of each tag (cooccurrence.tag_votes), or None to rank on the
+    scores alone."""
     given = np.asarray(given, dtype=bool)
     scores = np.clip(np.asarray(scores, dtype=np.float64), 0.0, 1.0)
     posts = given.shape[0]
@@ -139,12 +140,15 @@ def rank_labels(given: np.ndarray, scores: np.ndarray) -> Ranking:
     probability = np.zeros(given.shape, dtype=np.float64)
     rates = {"missing": 0.0, "wrong": 0.0}
     if audited.any():
-        probability[:, audited], rates = _noisy_calibration(given[:, audited], _logit(scores[:, audited]))
+        features = [_logit(scores[:, audited])]
+        if votes is not None:
+            features.append(_logit(np.asarray(votes, dtype=np.float64)[:, audited]))
+        probability[:, audited], rates = _noisy_calibration(given[:, audited], np.stack(features, axis=2))
     return Ranking(probability=probability, audited=audited, auc=auc, carriers=carriers, rates=rates)
 
 
-def _noisy_calibration(given: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, dict]:
-    """EM over the unseen true labels: P(shows the tag | score) = the Platt fit to the current beliefs; a
+def _noisy_calibration(given: np.ndarray, features: np.ndarray) -> tuple[np.ndarray, dict]:
+    """EM over the unseen true labels: P(shows the tag | features) = the Platt fit to the current beliefs; a
     picture that shows the tag lacks it at the tag's `missing` rate, one that does not carries it at the
     rate that makes the tag's `wrong` rate the share of its carriers that are mistakes. Each tag's rates
     are its own expected mistakes pulled towards the rates over all tags by TAG_RATE_LABELS labels' worth
@@ -156,14 +160,15 @@ def _noisy_calibration(given: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, di
     missing = np.full(given.shape[1], START_RATE)
     wrong = np.full(given.shape[1], START_RATE)
     prior_errors = START_RATE * RATE_PRIOR_LABELS
-    # The first beliefs take the model's scores as they are (a = 1, b = 0): a model trained on the labels
-    # with a logistic loss scores near their frequency, and a first fit to the labels themselves would bend
-    # to the mistakes it is meant to find.
-    fit = (np.ones(given.shape[1]), np.zeros(given.shape[1]))
+    # The first beliefs take the model's scores as they are (slope 1 on the score's logit, every other
+    # weight 0): a model trained on the labels with a logistic loss scores near their frequency, and a first
+    # fit to the labels themselves would bend to the mistakes it is meant to find.
+    fit = np.zeros((given.shape[1], features.shape[2] + 1))
+    fit[:, 0] = 1.0
     for round_ in range(RATE_ROUNDS):
         if round_:
-            fit = fit_platt(shows, x, start=fit, rounds=5)
-        clean = np.clip(_sigmoid(fit[0] * x + fit[1]), EPSILON, 1 - EPSILON)
+            fit = fit_platt(shows, features, start=fit, rounds=5)
+        clean = np.clip(_sigmoid(np.einsum("ptk,tk->pt", features, fit[:, :-1]) + fit[:, -1]), EPSILON, 1 - EPSILON)
         added = np.clip(wrong * carriers / np.maximum(others, 1.0), EPSILON, 0.5)  # P(carried | not shown)
         kept = (1 - missing) * clean
         shows_given = kept / (kept + added * (1 - clean))

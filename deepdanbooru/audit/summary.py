@@ -63,7 +63,8 @@ def skipped_tags(ranking, tags: list[str]) -> list[dict]:
         auc = ranking.auc[column]
         skipped.append({"tag": tags[column], "carriers": carriers,
                         "auc": None if not np.isfinite(auc) else round(float(auc), 3)})
-    return sorted(skipped, key=lambda item: (item["auc"] is not None, item["auc"] or 0.0, item["tag"]))
+    # Those with a figure first, least separable first; then the tags too few posts carry.
+    return sorted(skipped, key=lambda item: (item["auc"] is None, item["auc"] or 0.0, item["carriers"], item["tag"]))
 
 
 def skipped_line(skipped: list[dict]) -> str | None:

@@ -39,6 +39,7 @@ START_RATE, RATE_ROUNDS = 0.03, 50
 TAG_RATE_LABELS = 50.0  # how many labels' worth the rates over all tags weigh in each tag's own
 RATE_PRIOR_LABELS = 30.0  # the rates' Beta prior: START_RATE over this many labels (keeps small projects off 0)
 EPSILON = 1e-4
+CONVERGED = 1e-4  # the EM stops when no label's probability moves more than this in a round
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ def fit_platt(targets: np.ndarray, features: np.ndarray, start=None, rounds: int
     centred on slopes 0 and the logit of the column's mean target; Newton's method on all columns at once,
     from `start` (tags, k + 1) when given. features: (posts, tags, k), e.g. logits of scores."""
     y = np.asarray(targets, dtype=np.float64)
-    x = np.concatenate([features, np.ones(features.shape[:2] + (1,))], axis=2)  # (posts, tags, k + 1)
-    k = x.shape[2]
+    x = [features[:, :, index] for index in range(features.shape[2])] + [None]  # None: the offset's 1
+    k = len(x)
     frequency = np.clip((y.sum(axis=0) + 0.5) / (y.shape[0] + 1.0), EPSILON, 1 - EPSILON)
     centre = np.zeros((y.shape[1], k))
     centre[:, -1] = np.log(frequency / (1 - frequency))
@@ -115,14 +116,29 @@ def fit_platt(targets: np.ndarray, features: np.ndarray, start=None, rounds: int
     precision[-1] = OFFSET_PRIOR
     w = centre.copy() if start is None else np.array(start, dtype=np.float64)
     for _ in range(rounds):
-        p = _sigmoid(np.einsum("ptk,tk->pt", x, w))
-        gradient = np.einsum("pt,ptk->tk", p - y, x) + precision * (w - centre)
-        hessian = np.einsum("pt,ptk,ptl->tkl", p * (1 - p), x, x) + np.diag(precision)
+        linear = w[:, -1] + sum(x[index] * w[:, index] for index in range(k - 1))
+        p = _sigmoid(linear)
+        weight, residual = p * (1 - p), p - y
+        gradient = np.stack([_moment(residual, x[a]) for a in range(k)], axis=1) + precision * (w - centre)
+        hessian = np.empty((y.shape[1], k, k))
+        for a in range(k):
+            for b in range(a, k):
+                hessian[:, a, b] = hessian[:, b, a] = _moment(weight, x[a], x[b])
+        hessian += np.diag(precision)
         step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
         w = w - step
         if np.abs(step).max(initial=0.0) < 1e-6:
             break
     return w
+
+
+def _moment(values, first, second=None) -> np.ndarray:
+    """Per column: the sum of values * first * second (None: 1)."""
+    if first is not None:
+        values = values * first
+    if second is not None:
+        values = values * second
+    return values.sum(axis=0)
 
 
 def rank_labels(given: np.ndarray, scores: np.ndarray, votes: np.ndarray | None = None) -> Ranking:
@@ -165,9 +181,10 @@ def _noisy_calibration(given: np.ndarray, features: np.ndarray) -> tuple[np.ndar
     # fit to the labels themselves would bend to the mistakes it is meant to find.
     fit = np.zeros((given.shape[1], features.shape[2] + 1))
     fit[:, 0] = 1.0
+    previous = None
     for round_ in range(RATE_ROUNDS):
         if round_:
-            fit = fit_platt(shows, features, start=fit, rounds=5)
+            fit = fit_platt(shows, features, start=fit, rounds=2)
         clean = np.clip(_sigmoid(np.einsum("ptk,tk->pt", features, fit[:, :-1]) + fit[:, -1]), EPSILON, 1 - EPSILON)
         added = np.clip(wrong * carriers / np.maximum(others, 1.0), EPSILON, 0.5)  # P(carried | not shown)
         kept = (1 - missing) * clean
@@ -183,6 +200,9 @@ def _noisy_calibration(given: np.ndarray, features: np.ndarray) -> tuple[np.ndar
         missing = np.clip((expected_missing + TAG_RATE_LABELS * missing_all) / (true_carriers + TAG_RATE_LABELS),
                           EPSILON, 0.5)
         wrong = np.clip((expected_wrong + TAG_RATE_LABELS * wrong_all) / (carriers + TAG_RATE_LABELS), EPSILON, 0.5)
+        if previous is not None and np.abs(shows - previous).max() < CONVERGED:
+            break
+        previous = shows
     probability = np.where(given, 1 - shows, shows)
     return probability, {"missing": float(missing_all), "wrong": float(wrong_all)}
 

@@ -381,6 +381,9 @@ def invoke(*args):
     (["--dry-run"], "--dry-run and --captions go with --apply FILE"),
     (["--model-path", "{folder}"], "{folder}: --model-path folder is not a timm checkpoint"),
     (["--model-path", "{folder}/none.keras"], "Invalid value for '--model-path': Path '{folder}/none.keras' does not exist"),
+    (["--folds", "2", "--min-probability", "1.5"], "Invalid value for '--min-probability': 1.5 is not in the range"),
+    (["--apply", "{folder}/a.csv", "--min-probability", "0.3"], "it takes no --folds, --model-path, --time-limit, --top "
+                                                                 "or --min-probability"),
 ])
 def test_bad_audit_arguments_are_one_line_and_write_nothing(sample_project, tmp_path, args, message):
     folder = tmp_path / "not_a_checkpoint"

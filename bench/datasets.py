@@ -14,7 +14,8 @@ object) and as a folder of loose pictures with .txt captions holding the same ta
 import-images` on each in a fresh process pinned to one core: pictures per second (wall and CPU) and the ratio;
 the two datasets are checked to hold identical posts.
 
-    python bench/datasets.py --posts 1000000 --pictures 10000 --work /tmp/datasets-bench
+    python bench/datasets.py --posts 1000000 --pictures 10000 --work /tmp/datasets-bench [--keep]
+    python bench/datasets.py --parts posts --reuse-posts KEPT/posts --work /tmp/datasets-bench
 """
 
 from __future__ import annotations
@@ -78,13 +79,17 @@ def post_objects(count: int, seed: int = 0):
         }
 
 
+def source_names(folder: Path) -> dict[str, Path]:
+    return {"SQLite": folder / "posts.sqlite", "JSON Lines (gzip)": folder / "posts.jsonl.gz",
+            "Parquet (row groups of 100k)": folder / "posts-100k.parquet",
+            "Parquet (1 row group, pyarrow default)": folder / "posts.parquet"}
+
+
 def write_sources(folder: Path, count: int) -> dict[str, Path]:
     import pyarrow
     import pyarrow.parquet as parquet
 
-    paths = {"SQLite": folder / "posts.sqlite", "JSON Lines (gzip)": folder / "posts.jsonl.gz",
-             "Parquet (row groups of 100k)": folder / "posts-100k.parquet",
-             "Parquet (1 row group, pyarrow default)": folder / "posts.parquet"}
+    paths = source_names(folder)
     connection = sqlite3.connect(paths["SQLite"])
     connection.execute("CREATE TABLE posts (id INTEGER PRIMARY KEY, md5 TEXT, file_ext TEXT, tag_string TEXT, "
                        "tag_count_general INTEGER, rating TEXT, score INTEGER, is_deleted INTEGER)")
@@ -157,13 +162,19 @@ def digest(database: Path) -> str:
     return hasher.hexdigest()
 
 
-def part_posts(work: Path, count: int) -> dict:
+def part_posts(work: Path, count: int, reuse: Path | None = None) -> dict:
     folder = work / "posts"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     start = time.perf_counter()
-    sources = write_sources(folder, count)
-    print(f"wrote the {count:,} posts in 4 forms in {time.perf_counter() - start:.0f} s: "
+    if reuse is None:
+        sources = write_sources(folder, count)
+    else:  # the sources an earlier run kept (--keep), hard-linked: writing them takes minutes
+        sources = {name: folder / path.name for name, path in source_names(reuse).items()}
+        for name, path in source_names(reuse).items():
+            os.link(path, sources[name])
+    print(f"{'wrote' if reuse is None else 'reused'} the {count:,} posts in 4 forms in "
+          f"{time.perf_counter() - start:.0f} s: "
           + ", ".join(f"{path.name} {path.stat().st_size / 2**20:,.0f} MiB" for path in sources.values()), flush=True)
     baseline = measure(["--version"], folder / "version.log")
     results = {}
@@ -268,6 +279,9 @@ def main() -> None:
     parser.add_argument("--pictures", type=int, default=10_000)
     parser.add_argument("--work", type=Path, required=True, help="a folder for the generated files (removed after)")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
+    parser.add_argument("--reuse-posts", type=Path, help="a folder holding the posts.* sources of an earlier run "
+                                                         "with the same --posts (kept with --keep)")
+    parser.add_argument("--parts", default="posts,pictures", help="posts, pictures or both (comma-separated)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
@@ -275,8 +289,10 @@ def main() -> None:
           flush=True)
     summary = {"posts": args.posts, "pictures": args.pictures, "load_start": load}
     try:
-        summary["make_training_database"] = part_posts(args.work, args.posts)
-        summary["import_images"] = part_pictures(args.work, args.pictures)
+        if "posts" in args.parts:
+            summary["make_training_database"] = part_posts(args.work, args.posts, args.reuse_posts)
+        if "pictures" in args.parts:
+            summary["import_images"] = part_pictures(args.work, args.pictures)
     finally:
         if not args.keep:
             shutil.rmtree(args.work / "posts", ignore_errors=True)

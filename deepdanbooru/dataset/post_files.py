@@ -289,7 +289,9 @@ class PostFile:
             raise DatasetError(file_field(self.path, None, f"is a Parquet file: reading it needs pyarrow; "
                                                             f"{PARQUET_HINT}")) from None
         try:
-            table = parquet.ParquetFile(self.path)
+            # Read as a stream through a 1 MiB buffer: pre-buffering fetches a row group's column chunks whole
+            # first (190 MiB more at the peak for 1,000,000 posts in row groups of 100,000, no faster).
+            table = parquet.ParquetFile(self.path, pre_buffer=False, buffer_size=_READ_BYTES)
             names = parquet_columns(table.schema_arrow.names)
             self.total = table.metadata.num_rows
             number = 0

@@ -179,9 +179,14 @@ def test_history_lines_and_resume(tmp_path):
     records = read_history(path)
     keys = [(r["kind"], r["used_minibatch"]) for r in records]
     assert keys == [("train", 1), ("train", 2), ("validation", 2), ("train", 3), ("train", 4), ("validation", 4),
-                    ("train", 5), ("train", 6), ("validation", 6), ("train", 7), ("train", 8), ("validation", 8)]
+                    ("resume", 4), ("train", 5), ("train", 6), ("validation", 6), ("train", 7), ("train", 8),
+                    ("validation", 8)]
     steps = [r["used_minibatch"] for r in records]
     assert steps == sorted(steps)
+    # The killed run wrote no stop line: its last complete line (the validation at step 6) is where it was seen.
+    resume = records[6]
+    assert (resume["stopped_by"], resume["stopped_step"], resume["repeated_steps"]) == ("killed", 6, 2)
+    assert resume["offset"] == 16 and resume["used_sample"] == 16  # the checkpoint's counters
     assert [r["loss"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4, 105, 106, 107, 108]
     train = records[0]
     assert train["used_sample"] == 4 and train["learning_rate"] == 0.001 and train["samples_per_second"] == 101.0
@@ -351,7 +356,46 @@ def test_history_of_a_fresh_run_starts_at_step_0_and_keeps_nothing_of_an_earlier
     resumed.on_train_begin(run_info(tmp_path, resumed_at=1))
     resumed.on_step_log(step_log(2, loss=1.0))
     resumed.close()
-    assert [r["used_minibatch"] for r in read_history(path)] == [0, 1, 2]
+    assert [(r["kind"], r["used_minibatch"]) for r in read_history(path)] == [
+        ("validation", 0), ("train", 1), ("resume", 1), ("train", 2)]
+
+
+def test_history_records_each_stop_and_what_the_resumed_run_went_on_from(tmp_path):
+    path = tmp_path / "logs" / "history.jsonl"
+
+    def run(resumed_at, steps, end):
+        monitor = HistoryMonitor(path, echo=lambda _: None)
+        monitor.on_train_begin(run_info(tmp_path, resumed_at=resumed_at))
+        for step in steps:
+            monitor.on_step_log(step_log(step, loss=1.0))
+        if end == "time limit":
+            monitor.on_train_stopped(progress(steps[-1]))
+        elif end == "Ctrl-C":
+            monitor.on_interrupted(progress(steps[-1]))
+        monitor.close()  # "killed": nothing more is written
+
+    run(None, [1, 2], "time limit")  # stopped by its limit at its checkpoint, step 2
+    run(2, [3, 4, 5], "Ctrl-C")  # interrupted at step 5, its last checkpoint at step 4
+    run(4, [5, 6, 7], "killed")  # killed after step 7, its last checkpoint at step 6
+    run(6, [7, 8], "time limit")
+    rows = read_history(path)
+    assert [(r["kind"], r["used_minibatch"]) for r in rows] == [
+        ("train", 1), ("train", 2), ("stop", 2), ("resume", 2), ("train", 3), ("train", 4), ("resume", 4),
+        ("train", 5), ("train", 6), ("resume", 6), ("train", 7), ("train", 8), ("stop", 8)]
+    stop, *resumes = [r for r in rows if r["kind"] in ("stop", "resume")][:4]
+    assert stop["reason"] == "time limit"
+    assert [(r["stopped_by"], r["stopped_step"], r["repeated_steps"]) for r in resumes] == [
+        ("time limit", 2, 0), ("Ctrl-C", 5, 1), ("killed", 7, 1)]
+    assert all(r["stopped_time"] <= r["time"] for r in resumes)
+    assert rows[-1]["reason"] == "time limit"
+    # The report reads them as the run went.
+    from deepdanbooru.report.summary import stops
+
+    assert [stop.text().split(" after ")[0] for stop in stops(rows)] == [
+        "the time limit at step 2, resumed from the checkpoint at step 2",
+        "Ctrl-C at step 5, resumed from the checkpoint at step 4",
+        "killed or crashed (no stop recorded) at step 7, resumed from the checkpoint at step 6",
+        "the time limit at step 8, not resumed yet"]
 
 
 def test_best_state_starts_empty():

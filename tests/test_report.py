@@ -46,14 +46,19 @@ def model_files(tmp_path_factory, sample_dataset):
 
 
 def write_run(project, n_tags):
-    """The files a run writes, by hand: a history with a stop, best.json, state.json."""
+    """The files a run writes, by hand: a history with two stops, best.json, state.json."""
     logs = project / "logs"
     logs.mkdir()
     start = 1_700_000_000.0
     rows = []
     for step in range(1, 9):
-        # A 10-minute pause between steps 4 and 5: a stop and resume.
-        moment = start + step * 2 + (600 if step >= 5 else 0)
+        # A 10-minute pause between steps 4 and 5 that no line records (an older history); a Ctrl-C at step 7,
+        # resumed 30 s later from the checkpoint at step 6 (the lines of step 7 trained again).
+        moment = start + step * 2 + (600 if step >= 5 else 0) + (30 if step >= 7 else 0)
+        if step == 7:
+            rows.append({"kind": "resume", "time": moment - 2, "used_epoch": 1, "used_minibatch": 6,
+                         "used_sample": 24, "offset": 8, "random_seed": 1, "stopped_by": "Ctrl-C",
+                         "stopped_step": 7, "stopped_time": moment - 31, "repeated_steps": 1})
         rows.append({"kind": "train", "time": moment, "used_epoch": step // 4, "used_minibatch": step,
                      "used_sample": step * 4, "offset": 0, "random_seed": 0, "loss": 1.0 / step,
                      "learning_rate": 0.001 if step < 6 else 0.0001, "samples_per_second": 2.0})
@@ -144,8 +149,12 @@ def test_tag_curves_are_the_exact_counts_at_the_picked_thresholds():
 
 def test_history_stops_and_changed_keys(project):
     history = read_history(project / "logs" / "history.jsonl")
-    assert len(history) == 10  # the torn last line is left out, as the trainer drops it
-    assert [step for step, _ in summary.stops(history)] == [5]
+    assert len(history) == 11  # the torn last line is left out, as the trainer drops it
+    found = summary.stops(history)
+    assert [(stop.step, stop.reason, stop.reached) for stop in found] == [(5, "pause", 5), (6, "Ctrl-C", 7)]
+    assert found[0].text() == "a pause of 9:59 at step 5 (seen in the times; no stop recorded)"
+    assert found[1].text() == "Ctrl-C at step 7, resumed from the checkpoint at step 6 after 0:29 (1 step trained again)"
+    assert [stop.label for stop in found] == ["pause", "Ctrl-C"]
     changed = {name: value for name, value, _ in summary.changed_keys(project)}
     assert changed["validation_fraction"] == 0.5 and changed["model"] == "resnet_small"
     assert "checkpoint_frequency_mb" not in changed
@@ -179,7 +188,8 @@ def test_report_writes_the_page_with_the_figures_evaluate_project_measures(proje
     metrics = json.loads(measured.output.strip().splitlines()[-1])["metrics"]
     assert f"<th>macro-F1</th><td>{metrics['macro_f1']:.4f}</td>" in text
     assert f"<th>mAP</th><td>{metrics['map']:.4f}</td>" in text
-    assert "at step 5" in text and "stop" in text.lower()
+    assert ("<th>Stops</th><td>2: a pause of 9:59 at step 5 (seen in the times; no stop recorded); Ctrl-C at step 7, "
+            "resumed from the checkpoint at step 6 after 0:29 (1 step trained again)</td>") in text
     for chart in ("loss", "validation", "learning_rate"):
         assert f'id="chart-{chart}"><svg' in text
     # A second report replaces the folder and leaves no staging folder behind.

@@ -44,6 +44,15 @@ def without_clock(records):
     return [{k: v for k, v in r.items() if k not in CLOCK} for r in records]
 
 
+def trained_rows(records):
+    """The train and validation lines, without the stop and resume lines a stopped run adds."""
+    return [r for r in records if r.get("kind") in ("train", "validation")]
+
+
+def resumes(records):
+    return [(r["used_minibatch"], r["stopped_by"], r["stopped_step"]) for r in records if r["kind"] == "resume"]
+
+
 def test_validation_schedule_console_and_history(validated):
     project, lines = validated
     assert "Records: 20 training, 4 validation" in lines
@@ -144,7 +153,9 @@ def test_interrupted_runs_leave_the_same_history_tensorboard_and_best_model(vali
     assert any(line.startswith("Best so far: macro_f1 ") for line in lines)
 
     history = read_history(project / "logs" / "history.jsonl")
-    assert without_clock(history) == without_clock(read_history(reference / "logs" / "history.jsonl"))
+    assert without_clock(trained_rows(history)) == without_clock(read_history(reference / "logs" / "history.jsonl"))
+    # Each stop is in the history: killed (no stop line) after step 3 and after the validation at step 9.
+    assert resumes(history) == [(2, "killed", 3), (7, "killed", 9)]
     for run in ("train", "validation"):
         resumed, expected = read_scalars(project / "logs" / run), read_scalars(reference / "logs" / run)
         assert set(resumed) == set(expected)
@@ -167,7 +178,7 @@ def test_a_console_line_spanning_a_resume_averages_the_steps_an_uninterrupted_ru
     with pytest.raises(Killed):
         train_project(project, echo=lambda *_: None, monitors=monitors)
     train_project(project, echo=lambda *_: None)
-    rows = [without_clock(read_history(p / "logs" / "history.jsonl")) for p in (project, reference)]
+    rows = [without_clock(trained_rows(read_history(p / "logs" / "history.jsonl"))) for p in (project, reference)]
     assert [row["used_minibatch"] for row in rows[1] if row["kind"] == "train"] == [2, 4, 6, 8, 10]
     assert rows[0] == rows[1]
 
@@ -287,7 +298,8 @@ def test_sigkilled_runs_end_with_the_reference_history(validated, tmp_path, samp
     final = run_cli(project)
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-2000:]
     history = read_history(project / "logs" / "history.jsonl")
-    assert without_clock(history) == without_clock(read_history(reference / "logs" / "history.jsonl"))
+    assert without_clock(trained_rows(history)) == without_clock(read_history(reference / "logs" / "history.jsonl"))
+    assert [reason for _, reason, _ in resumes(history)] == ["killed"] * 3
     for run in ("train", "validation"):
         resumed, expected = read_scalars(project / "logs" / run), read_scalars(reference / "logs" / run)
         for tag in set(expected) - CLOCK:

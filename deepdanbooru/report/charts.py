@@ -51,13 +51,19 @@ def _series(rows, key):
 
 
 def _mark_stops(axes, stops):
-    for step in stops:
-        axes.axvline(step, color="#999999", linestyle=":", linewidth=1)
+    """A dotted line at each stop's step, named at its top (Ctrl-C, time limit, killed, pause)."""
+    for step, label in stops:
+        axes.axvline(step, color="#777777", linestyle=":", linewidth=1)
+        # Above a legend that the line may cross, so that every stop stays named.
+        axes.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                      textcoords="offset points", rotation=90, va="top", ha="left", fontsize=7, color="#555555",
+                      zorder=10, bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none",
+                                       "alpha": 0.85})
 
 
-def run_charts(train_rows: list[dict], validation_rows: list[dict], stops: list[int]) -> dict[str, str]:
+def run_charts(train_rows: list[dict], validation_rows: list[dict], stops: list[tuple[int, str]]) -> dict[str, str]:
     """{"loss", "validation", "learning_rate"}: SVG text of each chart that has data, drawn side by side on the
-    page; `stops` are the steps a run stopped and resumed at (dotted lines)."""
+    page; `stops` are (step, label) where a run stopped and went on (dotted lines, named)."""
     charts = {}
     steps, loss = _series(train_rows, "loss")
     val_steps, val_loss = _series(validation_rows, "loss")

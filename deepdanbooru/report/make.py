@@ -198,6 +198,7 @@ def make_report(project_path, *, model_path=None, output=None, batch_size=32, al
     pictures, gallery, worst = tables.pictures_and_gallery(scored.pictures, result["per_tag"]["threshold"], validation)
     data = {"tags": columns, "curves": tables.curve_arrays(thresholds, precision, recall), "pictures": pictures,
             "gallery": gallery, "worst": worst, "working_threshold": result["threshold"],
+            "global_threshold": result["global_threshold"], "min_support": result["min_support"],
             "validation_pictures": len(scored.pictures),
             "vocabulary": tables.vocabulary_section(files.vocabulary, tags)}
     split = {"train": len(train), "validation": len(validation), "tags": len(tags)}
@@ -205,7 +206,7 @@ def make_report(project_path, *, model_path=None, output=None, batch_size=32, al
     if scored.skipped:
         run_rows.append(("Unreadable", f"{len(scored.skipped):,} validation pictures skipped (listed on stderr)"))
     drawn = charts.run_charts(files.train_rows, files.validation_rows,
-                              [step for step, _ in summary.stops(files.history)])
+                              [(stop.step, stop.label) for stop in summary.stops(files.history)])
     notes = (f"Made by deepdanbooru report at {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC from "
              f"{', '.join(str(path.name) for path in files.read) or 'no run files'} and {len(scored.pictures):,} "
              f"validation pictures scored in {scored.seconds:.0f} s.")

@@ -13,6 +13,11 @@
   columns.push(["f1", "F1", true], ["precision", "precision", true], ["recall", "recall", true],
                ["threshold", "threshold", true], ["f1_fixed", "F1 at " + data.working_threshold, true]);
   const state = { key: "validation", descending: true, filter: "", category: "", page: 0, open: -1, rows: [] };
+  // A figure of a tag with fewer validation positives than it takes to calibrate rests on a few pictures: a
+  // sort by a figure puts those tags after the others, and their row says so.
+  const FIGURES = new Set(["ap", "source_ap", "f1", "precision", "recall", "f1_fixed"]);
+  const few = i => tags.validation[i] > 0 && !tags.calibrated[i];
+  const positives = n => `${n} validation positive${n === 1 ? "" : "s"}`;
 
   function el(name, attributes, ...children) {
     const node = document.createElement(name);
@@ -59,11 +64,12 @@
     }
     const values = tags[state.key];
     const sign = state.descending ? -1 : 1;
+    const apart = FIGURES.has(state.key);
     rows.sort((a, b) => {
       const x = values[a], y = values[b];
+      if (x === null || y === null) return x === y ? a - b : (x === null ? 1 : -1);  // no figure: last either way
+      if (apart && few(a) !== few(b)) return few(a) ? 1 : -1;  // then figures from a picture or two
       if (x === y) return a - b;
-      if (x === null) return 1;  // rows without a figure go last either way
-      if (y === null) return -1;
       return (x < y ? -1 : 1) * sign;
     });
     state.rows = rows;
@@ -81,7 +87,10 @@
       for (const [key, , numeric] of columns) {
         let text = show(tags[key][i], key === "threshold" ? 3 : (numeric && key !== "train" && key !== "validation" ? 3 : 0));
         if (key === "threshold" && !tags.calibrated[i]) text += " (global)";
-        tr.append(el("td", numeric ? { class: "number" } : {}, text));
+        if (key === "ap" && few(i) && tags.ap[i] !== null) text += ` (${tags.validation[i]} pos.)`;
+        const cell = el("td", numeric ? { class: "number" } : {}, text);
+        if (key === "name") for (const line of rowNotes(i)) cell.append(el("div", { class: "row-note" }, line));
+        tr.append(cell);
       }
       tr.addEventListener("click", () => { state.open = state.open === i ? -1 : i; render(); });
       body.append(tr);
@@ -96,6 +105,19 @@
       `rows ${shown} of ${state.rows.length} (${count} tags), page ${state.page + 1} of ${pages}`;
     document.getElementById("tag-previous").disabled = state.page === 0;
     document.getElementById("tag-next").disabled = state.page >= pages - 1;
+  }
+
+  function rowNotes(i) {
+    // Why the row's figures read as they do, on the row itself.
+    const notes = [];
+    if (!few(i)) return notes;
+    const n = tags.validation[i];
+    notes.push(`${positives(n)}, fewer than the ${data.min_support} that calibrate: AP and F1 rest on ` +
+               (n === 1 ? "one picture" : `${n} pictures`));
+    if (tags.f1[i] !== null && tags.f1_fixed[i] !== null && tags.f1[i] !== tags.f1_fixed[i])
+      notes.push(`F1 ${show(tags.f1[i], 3)} is at the global threshold ${show(data.global_threshold, 3)} (fewer than ` +
+                 `${data.min_support} positives to choose its own); at ${data.working_threshold} it is ${show(tags.f1_fixed[i], 3)}`);
+    return notes;
   }
 
   function curve(i) {

@@ -4,22 +4,70 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from deepdanbooru.inference.project_metrics import group_mean_text
 from deepdanbooru.project.config import KEYS, PROJECT_FILE
 
 # A pause between two history lines longer than this, beyond the training and validation they account for,
-# is drawn as a stop: the run was stopped and resumed (or the machine was busy elsewhere).
+# is drawn as a stop when no stop is recorded there (histories written before runs recorded their stops).
 STOP_SECONDS = 60.0
+RUN_KINDS = ("train", "validation")
+# How the page names what stopped a run (the trainer's history.py writes the keys).
+STOP_WORDS = {"Ctrl-C": "Ctrl-C", "time limit": "the time limit",
+              "killed": "killed or crashed (no stop recorded)"}
 
 
-def stops(history: list[dict]) -> list[tuple[int, float]]:
-    """(step, seconds paused) where the time between consecutive lines exceeds what they account for by
-    more than STOP_SECONDS: a train line accounts for its records at its samples_per_second, a validation
-    line for its own seconds."""
+@dataclass(frozen=True)
+class Stop:
+    step: int  # where the run went on from: its checkpoint's step (or where it stands, not resumed yet)
+    seconds: float | None  # paused until the resume; None: not resumed yet, or not known
+    reason: str  # a STOP_WORDS key, or "pause" for a gap seen in the times alone
+    reached: int  # the step the stopped run had reached
+    resumed: bool = True
+
+    @property
+    def label(self) -> str:
+        """A chart's word for it."""
+        return {"pause": "pause", "killed": "killed"}.get(self.reason, self.reason)
+
+    def text(self) -> str:
+        if self.reason == "pause":
+            return (f"a pause of {_duration(self.seconds or 0)} at step {self.step:,} (seen in the times; "
+                    "no stop recorded)")
+        what = f"{STOP_WORDS.get(self.reason, self.reason)} at step {self.reached:,}"
+        if not self.resumed:
+            return f"{what}, not resumed yet"
+        after = f" after {_duration(self.seconds)}" if self.seconds is not None else ""
+        again = self.reached - self.step
+        repeated = f" ({again:,} step{'s' if again != 1 else ''} trained again)" if again > 0 else ""
+        return f"{what}, resumed from the checkpoint at step {self.step:,}{after}{repeated}"
+
+
+def _number(row: dict, key: str):
+    value = row.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def stops(history: list[dict]) -> list[Stop]:
+    """The run's stops in step order: each "resume" line (how the run before it stopped), a last "stop" line
+    not resumed yet, and for lines without either between them, a pause where the time between two lines
+    exceeds what they account for by more than STOP_SECONDS (a train line accounts for its records at its
+    samples_per_second, a validation line for its own seconds)."""
     found = []
     for before, after in zip(history, history[1:]):
+        if after.get("kind") == "resume":
+            resumed, stopped = _number(after, "time"), _number(after, "stopped_time")
+            step = _number(after, "used_minibatch")
+            if step is None:
+                continue
+            reached = _number(after, "stopped_step")
+            found.append(Stop(int(step), resumed - stopped if resumed is not None and stopped is not None else None,
+                              str(after.get("stopped_by") or "killed"), int(reached if reached is not None else step)))
+            continue
+        if before.get("kind") not in RUN_KINDS or after.get("kind") not in RUN_KINDS:
+            continue
         try:
             elapsed = float(after["time"]) - float(before["time"])
             step = int(after["used_minibatch"])
@@ -32,7 +80,11 @@ def stops(history: list[dict]) -> list[tuple[int, float]]:
             samples = (after.get("used_sample") or 0) - (before.get("used_sample") or 0)
             accounted = samples / rate if rate and samples > 0 else 0.0
         if elapsed - accounted > STOP_SECONDS:
-            found.append((step, elapsed - accounted))
+            found.append(Stop(step, elapsed - accounted, "pause", step))
+    last = history[-1] if history else {}
+    if last.get("kind") == "stop" and _number(last, "used_minibatch") is not None:
+        step = int(last["used_minibatch"])
+        found.append(Stop(step, None, str(last.get("reason") or "killed"), step, resumed=False))
     return found
 
 
@@ -90,12 +142,12 @@ def run_rows(config, files, model_kind: str, model_file: Path, split: dict) -> l
         paused = stops(history)
         first, last = history[0].get("time"), history[-1].get("time")
         if isinstance(first, (int, float)) and isinstance(last, (int, float)):
-            active = last - first - sum(seconds for _, seconds in paused)
+            active = last - first - sum(stop.seconds or 0.0 for stop in paused)
             rows.append(("Time", f"{_duration(active)} training and validating, from "
                                  f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(first))} to "
                                  f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(last))} UTC"))
-        rows.append(("Stops", ", ".join(f"at step {step:,} ({_duration(seconds)} paused)" for step, seconds in paused)
-                     if paused else f"none seen (no pause over {STOP_SECONDS:.0f} s in the history)"))
+        rows.append(("Stops", f"{len(paused)}: " + "; ".join(stop.text() for stop in paused) if paused else
+                     f"none (none recorded, and no pause over {STOP_SECONDS:.0f} s in the history)"))
     best = files.best
     if best:
         rows.append(("Best", f"{best.get('metric')} {_figure(best, 'value')} at step {best.get('used_minibatch')} "

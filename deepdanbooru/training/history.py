@@ -12,6 +12,15 @@ is dropped (the file is rewritten atomically), and only steps above it are
 written, so the file never holds a step twice or out of order. A torn last
 line (a kill mid-write) is dropped too. A fresh run drops every line: its
 first may be the step-0 validation of a fine-tune's start (training.start).
+
+Stops are lines too. A run stopped by Ctrl-C or its --time-limit writes a
+"stop" line (reason "Ctrl-C" or "time limit", at the step it reached). A
+resumed run writes a "resume" line at the step of its checkpoint, saying how
+the run before it stopped: from that run's last line, its stop line, or, when
+the last line is no stop (the process was killed, crashed, or the machine went
+down), reason "killed" at the time of its last line. Its fields: stopped_by,
+stopped_step (the step the stopped run had reached), stopped_time, and
+repeated_steps (the steps after the checkpoint, trained again).
 """
 
 from __future__ import annotations
@@ -69,6 +78,41 @@ def truncate_history(path, after_step: int) -> int:
     return dropped
 
 
+STOP, RESUME = "stop", "resume"
+INTERRUPT, TIME_LIMIT, KILLED = "Ctrl-C", "time limit", "killed"
+
+
+def last_record(path) -> dict | None:
+    """The last complete object of the file (None: no file, or none)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        if line.endswith("\n") and line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                return record
+    return None
+
+
+def resume_record(last: dict | None, start: dict, now: float) -> dict:
+    """The "resume" line of a run resumed at counters `start`, after the run whose last line was `last`."""
+    step = start["used_minibatch"]
+    if last is not None and last.get("kind") == STOP:
+        stopped_by = last.get("reason") or KILLED
+    else:
+        stopped_by = KILLED  # no stop line: the process ended without writing one
+    reached = last.get("used_minibatch") if last is not None else None
+    reached = reached if isinstance(reached, int) and reached >= step else step
+    stopped_time = last.get("time") if last is not None and isinstance(last.get("time"), (int, float)) else None
+    return {"kind": RESUME, "time": now, **start, "stopped_by": stopped_by, "stopped_step": reached,
+            "stopped_time": stopped_time, "repeated_steps": reached - step}
+
+
 def read_history(path) -> list[dict]:
     """Every object in the file, in order (for tests and tools)."""
     with open(path, encoding="utf-8") as stream:
@@ -89,15 +133,19 @@ class HistoryMonitor(Monitor):
 
     def on_train_begin(self, run):
         self.after = restored_step(run)
+        last = last_record(self.path) if run.resumed_from else None
         dropped = truncate_history(self.path, self.after)
         if dropped:
             origin = f"the checkpoint at step {self.after}" if run.resumed_from else "a fresh start (no checkpoint)"
             self.echo(f"notice: {self.path}: dropped {dropped} line(s) written after {origin} by an earlier run")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._stream = open(self.path, "a", encoding="utf-8")
+        if run.resumed_from:
+            self._write(resume_record(last, counters(run.start), round(time.time(), 3)), always=True)
 
-    def _write(self, record: dict) -> None:
-        if self._stream is None or record["used_minibatch"] <= self.after:
+    def _write(self, record: dict, always: bool = False) -> None:
+        """`always`: a stop or resume line, which repeats no earlier line of its step."""
+        if self._stream is None or (record["used_minibatch"] <= self.after and not always):
             return
         self._stream.write(json.dumps(json_ready(record), allow_nan=False) + "\n")
         # Flushed per line, so a reader (tail -f, a notebook) sees it at once.
@@ -122,6 +170,17 @@ class HistoryMonitor(Monitor):
 
     def on_train_end(self, progress):
         self.before_checkpoint(progress, {})
+
+    def _stopped(self, progress, reason: str) -> None:
+        self._write({"kind": STOP, "time": round(time.time(), 3), **counters(progress), "reason": reason},
+                    always=True)
+        self.before_checkpoint(progress, {})
+
+    def on_train_stopped(self, progress):
+        self._stopped(progress, TIME_LIMIT)
+
+    def on_interrupted(self, progress):
+        self._stopped(progress, INTERRUPT)
 
     def close(self):
         if self._stream is not None:

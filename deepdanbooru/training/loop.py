@@ -186,6 +186,8 @@ class SliceTrainer:
         try:
             return self._run()
         except KeyboardInterrupt:
+            for monitor in self.monitors:
+                monitor.on_interrupted(self.report.progress())
             raise Interrupted(self.report.interrupt_message(self.keeper.saved)) from None
         finally:
             for monitor in self.monitors:

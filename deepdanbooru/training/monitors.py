@@ -169,6 +169,9 @@ class Monitor:
     def on_train_stopped(self, progress: Progress) -> None:
         """A --time-limit stop: the run ends before its last epoch, resumable from its last checkpoint."""
 
+    def on_interrupted(self, progress: Progress) -> None:
+        """Ctrl-C (KeyboardInterrupt) ended the run at `progress`; it resumes from its last checkpoint."""
+
     def close(self) -> None:
         """Always called last, also when training stops with an error: release files and writers."""
 

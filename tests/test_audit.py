@@ -414,9 +414,26 @@ def test_fold_audit_trains_through_train_project_resumes_and_a_model_path_audit_
     with open(project / "audit.csv", newline="") as stream:
         assert tuple(next(csv.reader(stream))) == COLUMNS
 
+    record = json.loads((project / "audit" / "audit.json").read_text())
+    assert [figures["model"] for figures in record["validation"]] == ["fold 1 of 2", "fold 2 of 2"]
+    for figures in record["validation"]:
+        assert figures["posts"] == 12 and figures["trained"]["epochs"] == 1 and not figures["trained"]["stopped"]
+    assert "Audit: fold 1 of 2 trained 1 epoch (its plan done)" in result.output
+    fold_config = json.loads((folds[0] / "project.json").read_text())
+    assert fold_config["validation_fraction"] == 0.0  # the fold it scores is its validation
+
     again = invoke("audit", project, "--folds", 2)
     assert again.exit_code == 0 and "2 of 2 folds already scored" in again.output
     assert "Training" not in again.output
+
+    # A tag put first in tags.txt after the folds were scored would shift every score to the next tag's name.
+    before = {path: path.read_bytes() for path in (project / "audit").rglob("*") if path.is_file()}
+    (project / "tags.txt").write_text("\n".join(["new_first", *tags]) + "\n")
+    shifted = invoke("audit", project, "--folds", 2)
+    assert shifted.exit_code != 0 and "Traceback" not in shifted.output
+    assert f"{project / 'tags.txt'}: is not the tags.txt the folds' models were trained with" in shifted.output
+    assert "added: new_first" in shifted.output
+    assert {path: path.read_bytes() for path in (project / "audit").rglob("*") if path.is_file()} == before
 
     other = make_project(tmp_path / "other", database, tags, image_width=16, image_height=16)
     model = folds[0] / "model-resnet_small.keras"

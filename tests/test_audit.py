@@ -552,6 +552,12 @@ def test_audit_page_filters_and_pages_reach_every_row_and_export_the_accepted(tm
         assert len(shown_ranks(page)) == PAGE_ROWS < len(rows)
         assert every_page(page) == [row.rank for row in rows]  # nothing cut: every row, in rank order
         assert "page 3 of 3" in page.inner_text("#shown")
+        page.fill("#page-number", "2")  # a page by its number
+        page.press("#page-number", "Enter")
+        assert shown_ranks(page) == [row.rank for row in rows[PAGE_ROWS:2 * PAGE_ROWS]]
+        page.fill("#page-number", "99")  # past the last: the last
+        page.press("#page-number", "Enter")
+        assert "page 3 of 3" in page.inner_text("#shown") and page.input_value("#page-number") == "3"
         # The wording holds what the figure says, no more.
         page.select_option("#filter-kind", "missing")
         second = page.locator('tbody tr[data-rank="2"] td.suggestion').inner_text()

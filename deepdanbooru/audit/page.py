@@ -129,6 +129,9 @@ _SCRIPT = r"""
     rest.disabled = open === 0;
     document.getElementById("previous").disabled = state.page === 0;
     document.getElementById("next").disabled = state.page >= pages - 1;
+    const jump = document.getElementById("page-number");
+    jump.max = pages;
+    if (document.activeElement !== jump) jump.value = state.page + 1;
     try { localStorage.setItem(key, JSON.stringify(decisions)); } catch (error) { /* storage full or off */ }
   }
 
@@ -140,6 +143,10 @@ _SCRIPT = r"""
     refilter("least", t => (Number.isFinite(t.valueAsNumber) ? t.valueAsNumber : 0)));
   document.getElementById("previous").addEventListener("click", () => { state.page--; show(); });
   document.getElementById("next").addEventListener("click", () => { state.page++; show(); });
+  document.getElementById("page-number").addEventListener("change", event => {
+    if (Number.isFinite(event.target.valueAsNumber)) { state.page = Math.round(event.target.valueAsNumber) - 1; show(); }
+    event.target.value = state.page + 1;
+  });
   document.querySelector("tbody").addEventListener("click", event => {
     const button = event.target.closest("button");
     if (!button) return;
@@ -270,7 +277,9 @@ def page_html(title: str, suggestions, pictures: dict, tags: dict, page_id: str,
 <label>{escape(least)} <input id="filter-least" type="number" min="0" max="1" step="0.05" value="0"></label>
 <label>decision <select id="filter-decision"><option value="">any</option><option value="undecided">undecided</option>
 <option value="accepted">accepted</option><option value="rejected">rejected</option></select></label></div>
-<div><button id="previous">previous</button><button id="next">next</button> <span id="shown" class="note"></span></div>
+<div><button id="previous">previous</button><button id="next">next</button>
+<label>page <input id="page-number" type="number" min="1" value="1" style="width:5em"></label>
+<span id="shown" class="note"></span></div>
 <div><span id="counts"></span> <button id="accept-rest">accept the undecided</button>
 <button id="export">export accepted ({EXPORT_NAME})</button>
 <small>then: deepdanbooru audit {escape(project)} --apply {EXPORT_NAME}</small></div></div>

@@ -319,7 +319,10 @@ def make_training_database(source_path, output_path, start_id, end_id, use_delet
                            group_duplicates):
     """Copy posts of SOURCE_PATH into a training database OUTPUT_PATH.
 
-    Appends the system tag rating:general/sensitive/questionable/explicit for
+    SOURCE_PATH is a SQLite database with a posts table, Danbooru post
+    objects as JSON Lines or a JSON array (either gzipped; API fields or the
+    Danbooru20xx layout) or a Parquet table of them (needs pyarrow), told
+    apart by their content. Appends the system tag rating:general/sensitive/questionable/explicit for
     rating g/s/q/e, skips deleted posts and posts without a usable md5. The
     output is written to a temporary file and renamed, so a failed run leaves
     no half database.

@@ -99,9 +99,14 @@ def _usage_error(ctx, error: click.UsageError):
     """An unknown command, a missing argument, an option's bad value: one line, like bad input, and where the
     options are listed, instead of click's usage block."""
     context = error.ctx if error.ctx is not None else ctx
+    path = context.command_path
+    # An option's missing value is raised without the command's context, while the group's names the command
+    # being parsed: the hint names that command's --help, where its options are.
+    if context is ctx and ctx.invoked_subcommand:
+        path = f"{path} {ctx.invoked_subcommand}"
     message = error.format_message().rstrip(".")
-    listed = "commands" if message.startswith("No such command") else "options"
-    click.echo(f"error: {message} ({context.command_path} --help lists the {listed})", err=True)
+    listed = "commands" if message.startswith(("No such command", "Missing command")) else "options"
+    click.echo(f"error: {message} ({path} --help lists the {listed})", err=True)
     ctx.exit(error.exit_code)
 
 
@@ -754,6 +759,32 @@ def export_bundle(project_path, save_path, model_path, split, start_id, end_id, 
 
     export(project_path, save_path, model_path=model_path, split=split, start_id=start_id, end_id=end_id,
            size=size, overwrite=overwrite, batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo)
+
+
+@main.command("check-bundle")
+@click.argument("bundle", type=click.Path(path_type=str))
+@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--project-path", type=click.Path(file_okay=False, path_type=str),
+              help="The project whose model the bundle was exported from (its model and thresholds are evaluate's).")
+@click.option("--model-path", type=click.Path(dir_okay=False, path_type=str),
+              help="The model evaluate would use [default: the project's, as evaluate chooses it].")
+@click.option("--tolerance", type=FiniteFloatRange(0.0, 1.0), default=0.05, show_default=True,
+              help="The largest score difference between the two roads that still agrees.")
+@_ALLOW_GPU
+@_BATCH_SIZE
+def check_bundle(bundle, targets, project_path, model_path, tolerance, allow_gpu, batch_size):
+    """Run BUNDLE as the WD tagger tools feed it on the pictures in TARGETS and compare with evaluate.
+
+    onnxruntime on pictures padded to a white square, resized to the bundle's input and flipped to BGR, read
+    by selected_tags.csv's rows and thresholds; beside evaluate with the same model, preprocessing and default
+    thresholds. Prints how many pictures get the same tags, the largest score difference and why any picture
+    differs; exit code 0 when they agree within --tolerance, 1 when not (docs/evaluation.md).
+    """
+    from deepdanbooru.inference.bundle_check import check_bundle as check
+
+    check(bundle, targets, project_path=project_path, model_path=model_path, tolerance=tolerance,
+          batch_size=batch_size, allow_gpu=allow_gpu, echo=click.echo,
+          echo_err=lambda line: click.echo(line, err=True))
 
 
 @main.command("report")

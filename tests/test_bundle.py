@@ -232,8 +232,16 @@ def test_thresholds_and_metrics_are_those_of_tool_fed_pictures(bundled, sample_d
                                             "character": figures["character_pr_threshold"]}
     with open(bundle / "selected_tags.csv", newline="") as stream:
         rows = list(csv.DictReader(stream))
+    # No *.thresholds.csv beside this model: the per-tag thresholds are derived from the tool-fed measurement by
+    # the rule training uses (a withheld tag's is inf: never emitted), and metrics.json says so.
     thresholds = [float(rows[position]["best_threshold"]) for position in measured]
-    assert thresholds == pytest.approx(list(ours["per_tag"]["threshold"]), abs=0.011)
+    per_tag = ours["per_tag"]
+    expected = np.where(per_tag["withheld"], np.inf, per_tag["threshold"])
+    assert thresholds == pytest.approx(list(expected), abs=0.011)
+    assert [rows[position]["use"] for position in measured] == [
+        "withheld" if withheld else "own" if own else "fallback"
+        for withheld, own in zip(per_tag["withheld"], per_tag["calibrated"])]
+    assert saved["tag_thresholds"].startswith("derived from this measurement")
 
     preprocess = json.loads((bundle / "preprocess.json").read_text())
     assert (preprocess["height"], preprocess["width"], preprocess["model_input_size"]) == (448, 448, [SIZE, SIZE])
@@ -258,6 +266,31 @@ def test_a_project_without_ratings_gets_four_zero_rows_at_its_own_size(sample_da
     assert session.get_inputs()[0].shape[1:] == [SIZE, SIZE, 3]
     assert np.all(probs[:, :4] == 0.0) and probs.shape[1] == 4 + len(tags)
     assert json.loads((bundle / "preprocess.json").read_text())["in_graph"][2] == "resize: none"
+
+
+@needs_onnx
+def test_the_bundle_carries_the_thresholds_evaluate_uses(sample_dataset, tmp_path):
+    from deepdanbooru.scoring.thresholds import read_thresholds_csv
+
+    _, tags = sample_dataset
+    project = make_project(tmp_path, sample_dataset, tags)
+    beside = project / "model-resnet_small.thresholds.csv"
+    uses = ["own", "fallback", "withheld"]
+    beside.write_text("tag,threshold,precision,recall,f1,support,ap,use,reason\n" + "".join(
+        f"{tag},{0.3 + 0.01 * index},0.5,0.5,0.{index + 1},9,0.5,{uses[index % 3]},why\n"
+        for index, tag in enumerate(tags)))
+    bundle = tmp_path / "bundle"
+    result = run_cli("export-bundle", project, bundle, "--split", "all", "--size", SIZE)
+    assert result.exit_code == 0, result.output
+    with open(bundle / "selected_tags.csv", newline="") as stream:
+        rows = {row["name"]: row for row in csv.DictReader(stream)}
+    evaluate = read_thresholds_csv(beside)
+    assert {tag: float(rows[tag]["best_threshold"]) for tag in tags} == evaluate
+    assert rows[tags[2]]["best_threshold"] == "inf" and rows[tags[2]]["use"] == "withheld"
+    assert rows[tags[0]]["best_f1"] == "0.100000"
+    assert json.loads((bundle / "metrics.json").read_text())["tag_thresholds"] == str(beside)
+    assert f"Per-tag thresholds in selected_tags.csv (best_threshold, use): {beside}, as evaluate uses them" in \
+        result.output
 
 
 @needs_onnx

@@ -189,7 +189,7 @@ def test_the_thresholds_csv_beside_the_model_is_used_unless_threshold_is_given(p
     assert json.loads(result.stdout)["tags"] == {"green": pytest.approx(MID, abs=1e-5)}  # red 0.881 < 0.95
     assert result.stderr.splitlines()[0] == (
         f"Model: {project / 'model-resnet_small.keras'} (the project's final export); thresholds: per tag from "
-        f"{beside} (0.5 for tags it does not list; --threshold sets one for every tag)")
+        f"{beside}: 2 tags (0.5 for tags it does not list; --threshold sets one for every tag)")
     result = run_cli("evaluate", images["yellow"], "--project-path", project, "--format", "json", "--threshold", "0.5")
     assert json.loads(result.stdout)["tags"] == {"red": pytest.approx(MID, abs=1e-5),
                                                  "green": pytest.approx(MID, abs=1e-5)}

@@ -36,7 +36,7 @@ BUNDLE_FILES = (MODEL_FILE, TAGS_FILE, METRICS_FILE, PREPROCESS_FILE)
 # Earlier bundles had their thresholds in a second CSV; a tool's local-folder loader takes one .csv only.
 STALE_FILES = ("thresholds.csv",)
 # The threshold columns come after WD's four, as animetimm's bundles carry theirs (the tools read by name).
-TAG_COLUMNS = ("tag_id", "name", "category", "count", "best_threshold", "best_f1")
+TAG_COLUMNS = ("tag_id", "name", "category", "count", "best_threshold", "best_f1", "use")
 DEFAULT_SIZE = 448  # kohya's tagger feeds 448 whatever the model
 INPUT_NAME = "input"
 OUTPUT_NAME = "predictions_sigmoid"  # the WD models' output name; some tools look it up by name
@@ -52,21 +52,60 @@ class BundleReport:
     dropped: dict
 
 
-def selected_tags_csv(plan: BundleRows, n_tags: int, counts, per_tag) -> str:
-    """WD's columns plus the per-tag F1-optimal threshold and its F1 (empty on the constant rating rows)."""
+@dataclass(frozen=True)
+class RowThresholds:
+    """Per tag (tags.txt index): the threshold evaluate uses by default, its F1 and its use (own, fallback,
+    withheld), and where they come from."""
+
+    threshold: list
+    f1: list
+    use: list
+    source: str
+
+
+def model_row_thresholds(model_file, tags, measured_result, plan) -> RowThresholds:
+    """The thresholds evaluate uses for this model by default: the *.thresholds.csv training wrote beside it.
+    A model without one (trained without validation, or given alone) gets those derived, by the same rule,
+    from the measurement on tool-fed pictures, and says so."""
+    from deepdanbooru.inference.model_files import thresholds_beside
+    from deepdanbooru.scoring.thresholds import FALLBACK, OWN, WITHHELD, read_threshold_rows
+
+    n = len(tags)
+    beside = thresholds_beside(Path(model_file))
+    if beside is not None:
+        rows = read_threshold_rows(beside)
+        known = [rows.get(tag) for tag in tags]
+        return RowThresholds([None if row is None else row.threshold for row in known],
+                             [None if row is None else row.f1 for row in known],
+                             [None if row is None else row.use or OWN for row in known], str(beside))
+    per_tag = measured_result["per_tag"]
+    threshold, f1, use = [None] * n, [None] * n, [None] * n
+    for rank, position in enumerate(plan.measured):
+        source = plan.rows[position].source
+        threshold[source], f1[source] = float(per_tag["threshold"][rank]), float(per_tag["f1"][rank])
+        use[source] = WITHHELD if per_tag["withheld"][rank] else OWN if per_tag["calibrated"][rank] else FALLBACK
+    return RowThresholds(threshold, f1, use, "derived from this measurement (no *.thresholds.csv beside the model)")
+
+
+def selected_tags_csv(plan: BundleRows, n_tags: int, counts, thresholds: RowThresholds) -> str:
+    """WD's columns plus the threshold evaluate uses for the tag by default ("inf" for a withheld tag: never
+    emitted), its F1 on validation and its use; empty on the constant rating rows."""
+    from deepdanbooru.scoring.thresholds import WITHHELD
+
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(TAG_COLUMNS)
-    measured = {position: rank for rank, position in enumerate(plan.measured)}
     for position, row in enumerate(plan.rows):
         # Danbooru's tag ids are unknown here: the tags.txt line index (past its end for the constant rows).
         tag_id = n_tags + position if row.source is None else row.source
         count = 0 if row.source is None else counts[row.source]
-        if position in measured:
-            rank = measured[position]
-            extra = (repr(float(per_tag["threshold"][rank])), f"{float(per_tag['f1'][rank]):.6f}")
+        value = None if row.source is None else thresholds.threshold[row.source]
+        if value is None:
+            extra = ("", "", "")
         else:
-            extra = ("", "")
+            use = thresholds.use[row.source]
+            f1 = thresholds.f1[row.source]
+            extra = ("inf" if use == WITHHELD else repr(float(value)), "" if f1 is None else f"{f1:.6f}", use)
         writer.writerow((tag_id, row.name, row.category, count, *extra))
     return buffer.getvalue()
 
@@ -210,19 +249,23 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
 
     directory.mkdir(exist_ok=True)
     # The model last: a folder with model.onnx is complete.
-    write_text_atomic(directory / TAGS_FILE, selected_tags_csv(plan, len(tags), counts, result["per_tag"]))
+    row_thresholds = model_row_thresholds(files.model, tags, result, plan)
+    write_text_atomic(directory / TAGS_FILE, selected_tags_csv(plan, len(tags), counts, row_thresholds))
     write_metrics_json(directory / METRICS_FILE, result, {
         "model": str(files.model), "split": split, "start_id": start_id, "end_id": end_id,
         "records": len(records), "skipped": len(measured.skipped), "measured_as": description["expected_input"],
         "rows": [plan.rows[position].name for position in plan.measured], "constant_rows": plan.constant,
         # How the model was trained to see pictures, beside how the tools show them (measured_as).
         "project_padding": config.padding, "project_alpha": config.alpha,
-        "category_thresholds": thresholds})
+        "category_thresholds": thresholds,
+        # best_threshold in selected_tags.csv: what evaluate uses for the same model by default.
+        "tag_thresholds": row_thresholds.source})
     write_text_atomic(directory / PREPROCESS_FILE, json.dumps(description, indent=2) + "\n")
     for name in STALE_FILES:
         (directory / name).unlink(missing_ok=True)
     write_bytes_atomic(directory / MODEL_FILE, content)
     _report(echo, directory, content, plan, tags, difference, samples, thresholds, split, result)
+    echo(f"Per-tag thresholds in {TAGS_FILE} (best_threshold, use): {row_thresholds.source}, as evaluate uses them")
     return BundleReport(directory, len(plan.rows), difference, samples, thresholds,
                         {label: len(names) for label, names in plan.dropped.items()})
 

@@ -241,6 +241,9 @@ def choose_thresholds(model: Path, threshold: float | None, thresholds_csv=None)
         return ThresholdChoice(None, default, f"{default:g} for every tag (--threshold)")
     beside = thresholds_beside(model)
     if beside is not None:
-        return ThresholdChoice(beside, default, f"per tag from {beside} ({default:g} for tags it does not list; "
-                                                "--threshold sets one for every tag)")
+        from deepdanbooru.scoring.thresholds import describe_threshold_rows, read_threshold_rows
+
+        held = describe_threshold_rows(read_threshold_rows(beside))
+        return ThresholdChoice(beside, default, f"per tag from {beside}: {held} ({default:g} for tags it does not "
+                                                "list; --threshold sets one for every tag)")
     return ThresholdChoice(None, default, f"{default:g} for every tag")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -177,10 +178,21 @@ def write_thresholds_csv(path, tags, result) -> None:
     write_text_atomic(path, buffer.getvalue())
 
 
+class ThresholdRow(NamedTuple):
+    threshold: float  # as written; a withheld row's too
+    f1: float | None  # on validation, when the file says
+    use: str  # own, fallback, withheld, or "" in a file without the column
+
+
 def read_thresholds_csv(path) -> dict[str, float]:
     """tag -> threshold from a file written by write_thresholds_csv; a row whose use is "withheld" gives
     infinity (never emitted). Other columns are ignored, and a file without a use column (one written before
     it, or by hand) is read by its thresholds alone."""
+    return {tag: math.inf if row.use == WITHHELD else row.threshold for tag, row in read_threshold_rows(path).items()}
+
+
+def read_threshold_rows(path) -> dict[str, ThresholdRow]:
+    """tag -> ThresholdRow, checked: one clear line naming the file and line for a bad row."""
     try:
         with open(path, newline="", encoding="utf-8") as stream:
             rows = list(csv.reader(stream))
@@ -188,10 +200,11 @@ def read_thresholds_csv(path) -> dict[str, float]:
         raise ModelError(file_field(path, None, f"cannot read: {error}")) from error
     if not rows or "tag" not in rows[0] or "threshold" not in rows[0]:
         raise ModelError(file_field(path, "header", "needs the columns tag and threshold"))
-    tag_column = rows[0].index("tag")
-    threshold_column = rows[0].index("threshold")
-    use_column = rows[0].index("use") if "use" in rows[0] else None
-    thresholds: dict[str, float] = {}
+    header = rows[0]
+    tag_column, threshold_column = header.index("tag"), header.index("threshold")
+    use_column = header.index("use") if "use" in header else None
+    f1_column = header.index("f1") if "f1" in header else None
+    thresholds: dict[str, ThresholdRow] = {}
     for line, row in enumerate(rows[1:], start=2):
         if not row:
             continue
@@ -210,5 +223,20 @@ def read_thresholds_csv(path) -> dict[str, float]:
         use = row[use_column].strip() if use_column is not None and use_column < len(row) else ""
         if use not in ("", OWN, FALLBACK, WITHHELD):
             raise ModelError(file_field(path, field, f"use {use!r} is not one of {OWN}, {FALLBACK}, {WITHHELD}"))
-        thresholds[tag] = math.inf if use == WITHHELD else value
+        try:
+            f1 = float(row[f1_column]) if f1_column is not None and f1_column < len(row) and row[f1_column] else None
+        except ValueError:
+            f1 = None
+        thresholds[tag] = ThresholdRow(value, f1, use)
     return thresholds
+
+
+def describe_threshold_rows(rows: dict) -> str:
+    """'12 own, 430 at the fallback 0.56, 5 withheld (never emitted)': what a thresholds file holds."""
+    uses = [row.use for row in rows.values()]
+    if not any(uses):
+        return f"{len(rows)} tags"
+    fallback = sorted({round(row.threshold, 6) for row in rows.values() if row.use == FALLBACK})
+    at = f" {fallback[0]:g}" if len(fallback) == 1 else ""
+    return (f"{uses.count(OWN)} own, {uses.count(FALLBACK)} at the fallback{at}, "
+            f"{uses.count(WITHHELD)} withheld (never emitted)")

@@ -96,3 +96,20 @@ def out_of_memory_line(error: BaseException) -> str | None:
         return None
     shown = tf_message_text(error).split(" [[")[0].split(" on /job:")[0][:160]
     return f"out of memory ({shown}); {SMALLER_BATCH}"
+
+
+def json_error_text(error) -> str:
+    """A json.JSONDecodeError as one clause: 'invalid JSON at line L column C: ...', naming a trailing comma (the
+    commonest hand edit that breaks a file: a comma left after the last entry) as such."""
+    text, position = error.doc, error.pos
+    before = position - 1
+    while before >= 0 and text[before] in " \t\r\n":
+        before -= 1
+    closing = text[position] if 0 <= position < len(text) else ""
+    if before >= 0 and text[before] == "," and closing in "}]" and closing:
+        line = text.count("\n", 0, before) + 1
+        column = before - (text.rfind("\n", 0, before) + 1) + 1
+        what = "entry of an object" if closing == "}" else "item of a list"
+        return (f"invalid JSON at line {line} column {column}: a trailing comma after the last {what} (before the "
+                f"'{closing}' at line {error.lineno}); JSON allows no comma there, delete it")
+    return f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}"

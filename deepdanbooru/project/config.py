@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from deepdanbooru.errors import ConfigError, file_field
+from deepdanbooru.errors import ConfigError, file_field, json_error_text
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS, IMAGE_EXTENSIONS
 from deepdanbooru.project.recipes import RECIPES
 from deepdanbooru.registry import model_names
@@ -742,8 +742,7 @@ def load_config(project_dir, uses: tuple[str, ...] | None = None) -> ProjectConf
         repeated = []
         raw = json.loads(text, object_pairs_hook=lambda pairs: _noting_repeated_keys(pairs, repeated))
     except json.JSONDecodeError as error:
-        raise ConfigError(file_field(source, None,
-                                     f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}")) from None
+        raise ConfigError(file_field(source, None, json_error_text(error))) from None
     except RecursionError:
         raise ConfigError(file_field(source, None, "invalid JSON: nested too deeply to read")) from None
     for key in dict.fromkeys(repeated):

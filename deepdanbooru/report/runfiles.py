@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deepdanbooru.errors import UserError, file_field
+from deepdanbooru.errors import UserError, file_field, json_error_text
 
 VOCABULARY_FILE = "vocabulary.txt"
 SOURCE_AP_FILE = "source_tag_ap.json"
@@ -42,7 +42,7 @@ def _read_json(path: Path):
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(file_field(path, None, f"cannot be read: {error}")) from None
     except json.JSONDecodeError as error:
-        raise UserError(file_field(path, None, f"invalid JSON at line {error.lineno}: {error.msg}")) from None
+        raise UserError(file_field(path, None, json_error_text(error))) from None
 
 
 def read_history(path: Path) -> list[dict]:

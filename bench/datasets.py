@@ -56,7 +56,8 @@ def post_objects(count: int, seed: int = 0):
                 "artist": [f"artist_{rng.randrange(20000)}"], "meta": rng.sample(meta, rng.randint(0, 3))}
         md5 = hashlib.md5(i.to_bytes(8, "little")).hexdigest()
         ext = rng.choice(("jpg", "jpg", "jpg", "png", "gif", "mp4"))
-        stamp = f"20{rng.randint(10, 24)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}T0{rng.randint(0, 9)}:12:34.567-05:00"
+        day = f"20{rng.randint(10, 24)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}"
+        stamp = f"{day}T0{rng.randint(0, 9)}:12:34.567-05:00"
         width, height, up = rng.randint(300, 4000), rng.randint(300, 4000), rng.randint(0, 300)
         yield {
             "id": i, "created_at": stamp, "uploader_id": rng.randint(1, 900000), "score": up,

@@ -208,8 +208,8 @@ class PostFile:
                     try:
                         post = json.loads(line)
                     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-                        raise DatasetError(file_field(self.path, where, f"is not a JSON object: {_short(error)}")) \
-                            from None
+                        reason = f"is not a JSON object: {short_reason(error)}"
+                        raise DatasetError(file_field(self.path, where, reason)) from None
                     yield post, where
             except (EOFError, gzip.BadGzipFile, zlib.error) as error:
                 raise DatasetError(file_field(self.path, None, f"is truncated or damaged after line {number} "
@@ -273,7 +273,7 @@ class PostFile:
                     # An item cut by the end of a block continues in the next one; one that cannot end is bad.
                     if len(state["buffer"]) - state["at"] > _MAX_ITEM or not more():
                         raise DatasetError(file_field(self.path, f"item {number + 1}",
-                                                      f"is not a JSON object: {_short(error)}")) from None
+                                                      f"is not a JSON object: {short_reason(error)}")) from None
             state["at"] = end
             number += 1
             yield post, f"item {number}"
@@ -303,7 +303,8 @@ class PostFile:
                     yield dict(zip(names, values)), f"row {number}"
                 self.position = int(self.size * number / max(self.total, 1))
         except (pyarrow.ArrowException, OSError) as error:
-            raise DatasetError(file_field(self.path, None, f"cannot be read as Parquet: {_short(error)}")) from None
+            reason = f"cannot be read as Parquet: {short_reason(error)}"
+            raise DatasetError(file_field(self.path, None, reason)) from None
 
 
 def parquet_columns(present) -> list[str]:
@@ -329,7 +330,8 @@ def _peek_first(stream) -> bytes:
     return text[:1]
 
 
-def _short(error) -> str:
+def short_reason(error) -> str:
+    """The first line of an error, the position of a JSON error as a character number, at most 160 characters."""
     if isinstance(error, json.JSONDecodeError):
         text = f"{error.msg} at character {error.pos + 1}"
     else:

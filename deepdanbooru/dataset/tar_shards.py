@@ -20,7 +20,7 @@ from pathlib import Path
 
 from deepdanbooru.captions import parse_caption
 from deepdanbooru.dataset.build import with_rating_tag
-from deepdanbooru.dataset.post_files import ReadSummary, _short, post_row
+from deepdanbooru.dataset.post_files import ReadSummary, post_row, short_reason
 from deepdanbooru.errors import DatasetError, file_field
 from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS
 
@@ -152,7 +152,7 @@ def sample_tags(sample: Sample, caption_ext: str, separator: str) -> tuple[list[
         try:
             post = json.loads(sample.members[POST_EXTENSION][1])
         except ValueError as error:
-            return None, f"{where}: not a JSON post object ({_short(error)})", None
+            return None, f"{where}: not a JSON post object ({short_reason(error)})", None
         try:
             row = post_row(_with_file_ext(post), where, None, ReadSummary())
         except DatasetError as error:

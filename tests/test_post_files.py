@@ -310,3 +310,25 @@ def test_parquet_reads_only_the_columns_a_post_row_needs():
     assert post_files.parquet_columns(categories) == ["id", "md5", "file_ext", "tag_string_general",
                                                       "tag_string_meta"]
     assert post_files.parquet_columns(["id", "md5", "file_ext", "tags"]) == ["id", "md5", "file_ext", "tags"]
+
+
+def test_group_duplicates_and_vacuum_with_a_json_source(tmp_path, sample_dataset):
+    """A JSON dump beside its images/ folder: --group-duplicates reads the pictures as for a SQLite source."""
+    database, _ = sample_dataset
+    connection = sqlite3.connect(database)
+    names = ("id", "md5", "file_ext", "tag_string", "tag_count_general", "rating", "score", "is_deleted")
+    items = [dict(zip(names, row)) for row in connection.execute(f"SELECT {', '.join(names)} FROM posts")]
+    connection.close()
+    (tmp_path / "dump").mkdir()
+    source = write_jsonl(tmp_path / "dump" / "posts.jsonl", items)
+    (tmp_path / "dump" / "images").symlink_to(database.parent / "images")
+    output = tmp_path / "out" / "train.sqlite"
+    result = invoke(source, output, "--group-duplicates", "--vacuum")
+    assert result.exit_code == 0, result.output
+    reference = tmp_path / "reference.sqlite"
+    assert invoke(database, reference).exit_code == 0
+    assert rows(output) == rows(reference)
+    assert rows(output, "COUNT(*)") == [(len(rows(reference)),)]
+    connection = sqlite3.connect(output)
+    assert "split_id" in {row[1] for row in connection.execute("PRAGMA table_info(posts)")}
+    connection.close()

@@ -280,3 +280,12 @@ def test_an_interrupted_shard_import_takes_back_what_it_wrote(tmp_path, monkeypa
 
         import_images(shard, tmp_path / "d", echo=lambda line: None, warn=lambda line: None)
     assert not (tmp_path / "d").exists()
+
+
+def test_group_duplicates_from_shards(tmp_path):
+    shard = write_shard(tmp_path / "s.tar", [*json_sample(1), *json_sample(2)])
+    result = invoke(shard, tmp_path / "d", "--group-duplicates")
+    assert result.exit_code == 0, result.output
+    connection = sqlite3.connect(tmp_path / "d" / "dataset.sqlite")
+    assert "split_id" in {row[1] for row in connection.execute("PRAGMA table_info(posts)")}
+    connection.close()

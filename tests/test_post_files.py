@@ -332,3 +332,26 @@ def test_group_duplicates_and_vacuum_with_a_json_source(tmp_path, sample_dataset
     connection = sqlite3.connect(output)
     assert "split_id" in {row[1] for row in connection.execute("PRAGMA table_info(posts)")}
     connection.close()
+
+
+def test_pretty_printed_post_objects_one_after_another(tmp_path):
+    """A post saved from /posts/N.json with indentation, or several such objects: not one a line."""
+    items = posts(4)
+    source = tmp_path / "post.json"
+    source.write_text("\n".join(json.dumps(item, indent=2) for item in items) + "\n")
+    result = invoke(source, tmp_path / "o.sqlite")
+    assert result.exit_code == 0, result.output
+    assert [row[0] for row in rows(tmp_path / "o.sqlite")] == [1, 2, 3, 4]
+    source.write_text(json.dumps(items[0], indent=2) + "\n" + json.dumps(items[1], indent=2)[:-3])
+    result = invoke(source, tmp_path / "p.sqlite")
+    assert result.exit_code == 2 and f"{source}: object 2: is not a JSON object" in result.output
+
+
+def test_a_truncated_gzipped_array_names_its_last_whole_item(tmp_path):
+    data = gzip.compress(json.dumps(posts(300)).encode())
+    source = tmp_path / "posts.json.gz"
+    source.write_bytes(data[:len(data) // 2])
+    result = invoke(source, tmp_path / "o.sqlite")
+    assert result.exit_code == 2
+    assert f"{source}: is truncated or damaged after item " in result.output
+    assert not (tmp_path / "o.sqlite").exists() and leftovers(tmp_path) == []

@@ -193,37 +193,48 @@ class PostFile:
             compressed = raw.read(2) == GZIP_MAGIC
             raw.seek(0)
             stream = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
-            number, where = 0, "line 1"
+            self.last = None
             try:
-                first = _peek_first(stream)
-                if first == b"[":
-                    yield from self._array(stream, raw)
-                    return
-                for number, line in enumerate(stream, 1):
-                    if number % 4096 == 0:
-                        self.position = raw.tell()
-                    if not line.strip():
-                        continue
-                    where = f"line {number}"
-                    try:
-                        post = json.loads(line)
-                    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-                        reason = f"is not a JSON object: {short_reason(error)}"
-                        raise DatasetError(file_field(self.path, where, reason)) from None
-                    yield post, where
+                if _peek_first(stream) == b"[":
+                    yield from self._values(stream, raw, array=True)
+                elif not _first_line_is_json(stream):
+                    # One pretty-printed post object, or several: not one a line.
+                    yield from self._values(stream, raw, array=False)
+                else:
+                    yield from self._lines(stream, raw)
             except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-                raise DatasetError(file_field(self.path, None, f"is truncated or damaged after line {number} "
-                                                                f"({error})")) from None
+                after = f"after {self.last}" if self.last else "before its first post"
+                raise DatasetError(file_field(self.path, None, f"is truncated or damaged {after} ({error})")) \
+                    from None
             self.position = self.size
 
-    def _array(self, stream, raw):
-        """Items of a top-level JSON array, decoded one at a time so the file is never held whole."""
+    def _lines(self, stream, raw):
+        """JSON Lines: one post object a line (blank lines skipped)."""
+        for number, line in enumerate(stream, 1):
+            if number % 4096 == 0:
+                self.position = raw.tell()
+            if not line.strip():
+                continue
+            where = f"line {number}"
+            try:
+                post = json.loads(line)
+            except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+                reason = f"is not a JSON object: {short_reason(error)}"
+                raise DatasetError(file_field(self.path, where, reason)) from None
+            self.last = where
+            yield post, where
+
+    def _values(self, stream, raw, array: bool):
+        """The items of a top-level JSON array (array), or JSON values one after another, decoded one at a time
+        so the file is never held whole."""
         decoder = json.JSONDecoder()
         state = {"buffer": "", "at": 0, "pending": b""}
-        number = 0
+        number, kind = 0, "item" if array else "object"
+
+        read = getattr(stream, "read1", stream.read)  # read1: what a damaged gzip gave before its end is kept
 
         def more() -> bool:
-            block = stream.read(_READ_BYTES)
+            block = read(_READ_BYTES)
             self.position = raw.tell()
             if not block:
                 return False
@@ -232,7 +243,7 @@ class PostFile:
                 text, state["pending"] = data.decode("utf-8"), b""
             except UnicodeDecodeError as error:
                 if error.start < len(data) - 3:  # not a character cut at the end of the block
-                    raise DatasetError(file_field(self.path, f"item {number + 1}", "is not UTF-8 text")) from None
+                    raise DatasetError(file_field(self.path, f"{kind} {number + 1}", "is not UTF-8 text")) from None
                 text, state["pending"] = data[:error.start].decode("utf-8"), data[error.start:]
             state["buffer"] = state["buffer"][state["at"]:] + text
             state["at"] = 0
@@ -251,15 +262,17 @@ class PostFile:
                 if not more():
                     return ""
 
-        if next_char() != "[":
+        if array and next_char() != "[":
             raise DatasetError(file_field(self.path, None, "is not a JSON array"))
         while True:
             char = next_char()
-            if char == "]":
+            if char == "]" and array:
                 break
-            if number and char == ",":
+            if not char and not array:
+                break
+            if array and number and char == ",":
                 char = next_char()
-            elif number:
+            elif array and number:
                 raise DatasetError(file_field(self.path, f"item {number + 1}",
                                               f"expected ',' or ']' after item {number}, not {char or 'the end'!r}"))
             if not char:
@@ -272,12 +285,12 @@ class PostFile:
                 except ValueError as error:
                     # An item cut by the end of a block continues in the next one; one that cannot end is bad.
                     if len(state["buffer"]) - state["at"] > _MAX_ITEM or not more():
-                        raise DatasetError(file_field(self.path, f"item {number + 1}",
+                        raise DatasetError(file_field(self.path, f"{kind} {number + 1}",
                                                       f"is not a JSON object: {short_reason(error)}")) from None
             state["at"] = end
             number += 1
-            yield post, f"item {number}"
-        self.position = self.size
+            self.last = f"{kind} {number}"
+            yield post, self.last
 
     # --- Parquet ---
 
@@ -321,6 +334,19 @@ def parquet_columns(present) -> list[str]:
     else:
         wanted.add("tags")
     return [name for name in FIELDS if name in wanted and name in present]
+
+
+def _first_line_is_json(stream) -> bool:
+    """Whether the first non-blank line in the stream's buffer is a whole JSON value (so: JSON Lines)."""
+    head = stream.peek(1 << 16) if hasattr(stream, "peek") else b""
+    for line in head.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+        if line.strip():
+            try:
+                json.loads(line)
+                return True
+            except ValueError:
+                return False
+    return True
 
 
 def _peek_first(stream) -> bytes:

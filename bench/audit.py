@@ -2,6 +2,12 @@
 
     python bench/audit.py [--count 2000] [--test 500] [--outside 1500] [--size 64] [--fold-time 3m]
                           [--train-time 3m] [--retrain-epochs 10] [--work DIR] [--out audit-results]
+    python bench/audit.py --emoji DATASET_DIR [--count 1500] [--fold-time 4m] [--model-path MODEL]
+                          [--skip folds|model] [--work DIR] [--out audit-results]
+
+--emoji measures drawn pictures instead (emoji_case): --count posts of a dataset folder (the transfer
+bench's finetune/), one of the 30 most carried tags removed from 12% of the posts and one added to 6%
+(the mistakes a tagger's user meets), audited with --model-path MODEL and with 3 folds of --fold-time.
 
 Data: the basic sample (make-sample-dataset), whose tags are facts about the pictures, so the true
 tags are known. Posts 1..count are the audited project; of their true (post, tag) pairs 10% are
@@ -11,10 +17,10 @@ keep their true tags and measure the models (never audited or trained on). A thi
 with the same --work, the audits resume (their scores are kept) and the retraining runs anew.
 
 Measured:
-- K-fold (3 folds, each `--fold-time` of training) and --model-path audits: precision and recall of
-  the top N labels (N = the number injected) against the injected errors, for cleanlab's ranking
-  (what the audit writes) and for the plain margin |given - score| on the same scores; also how many
-  rows audit.csv holds (as many as cleanlab's filter flags) and their precision and recall.
+- K-fold (3 folds, each `--fold-time` of training) and --model-path audits (audit_figures): precision of
+  the first 50, 100 and N rows of the audit's ranking (N = the injected mistakes on tags the scores
+  cover), the default list's rows, precision and recall, and the same for the calibration on the scores
+  alone (no tag votes), cleanlab's label quality (when installed) and the plain margin |given - score|.
 - Retraining: the project trained `--retrain-epochs` epochs on the noisy tags and on the tags fixed
   by applying (audit --apply) the top-N K-fold suggestions a reviewer who knows the truth accepts;
   mAP and macro-F1 on the clean test posts (evaluate-project --metrics).

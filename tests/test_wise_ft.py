@@ -6,9 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from train_helpers import make_project, set_config
+from train_helpers import make_project
 
-from deepdanbooru.errors import TrainingError
 
 FINAL, STOPPED, EPOCH1 = "model-resnet_small.keras", "model-resnet_small.stopped.keras", "model-resnet_small.e1.keras"
 
@@ -203,12 +202,6 @@ def test_a_stopped_and_resumed_run_trains_as_without_wise_ft_and_mixes_with_its_
     start = by_name(start_weights(wise, source))
     for name, value in weights_of(wise / STOPPED).items():  # the stop's export is the mix too: here the start
         np.testing.assert_allclose(value, start[name], rtol=1e-6, atol=1e-7, err_msg=name)
-
-    # A checkpoint written without wise_ft does not hold the start: turning it on is refused in one line.
-    set_config(plain, wise_ft=[0.0])
-    with pytest.raises(TrainingError, match=r"project.json: wise_ft: .*ckpt-1 was written without wise_ft"):
-        train_project(plain, echo=lambda *_: None)
-    set_config(plain, wise_ft=None)
 
     # Resumed without --source-model: the start comes from the checkpoint; training went on from trained weights.
     for project in (plain, wise):

@@ -459,6 +459,12 @@ KEYS: tuple[Key, ...] = (
         "are unchanged (WiSE-FT weight-space ensembling, see docs/finetuning.md); a checkpoint written without it "
         "does not resume with it; null: the trained weights",
         "list of numbers or null", "each 0 <= a <= 1, at least one", spec=False),
+    Key("source_distillation", None, _optional_float(minimum=0.0, exclusive_minimum=True),
+        "with --source-model: each training picture's loss also has weight * the mean over tags.txt of BCE(the "
+        "start's score, the model's score) on the tags the source knows, the start being the weights the run "
+        "began from, run on the same batch (learning without forgetting, see docs/finetuning.md); a checkpoint "
+        "written without it does not resume with it; null: the labels alone",
+        "float or null", "> 0", spec=False),
     Key("resample_positions", False, _bool,
         "with a ViT or EVA02 timm checkpoint folder as --source-model whose input size is not image_width x "
         "image_height: resample its position table bicubically to the project's token grid (EVA02's rotary "
@@ -551,6 +557,7 @@ class ProjectConfig:
     freeze_backbone_epochs: int
     trainable_blocks: int | None
     wise_ft: tuple[float, ...] | None
+    source_distillation: float | None
     resample_positions: bool
     padding: str
     alpha: str

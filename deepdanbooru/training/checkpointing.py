@@ -69,15 +69,19 @@ OPTIMIZER_STATE_WORDS = ("fused_", "_momentum", "_velocity", "optimizer/", "_ave
 class CheckpointKeeper:
     """Restores the latest checkpoint into the run's objects, saves new ones, mirrors them to state.json."""
 
-    def __init__(self, run, latest: str | None, model, optimizer, inner, ema, monitors, echo=print, start=None):
-        """`start`: wise_ft's training.wise.StartWeights, kept in every checkpoint (None: off)."""
+    def __init__(self, run, latest: str | None, model, optimizer, inner, ema, monitors, echo=print, start=None,
+                 distill=None):
+        """`start`: training.wise.StartWeights (wise_ft, source_distillation), `distill`: training.distill's
+        Distillation, each kept in every checkpoint (None: off)."""
         self.run, self.latest, self.ema, self.echo = run, latest, ema, echo
         self.state = ResumeState()
         self.core = dict(model=model, optimizer=inner, state=self.state, loss_scale=LossScaleState(optimizer))
         if ema is not None:
             self.core["ema"] = ema.state
         if start is not None:
-            self.core["wise_ft"] = start.state
+            self.core["start_weights"] = start.state
+        if distill is not None:
+            self.core["source_distillation"] = distill.state
         # The network record is not core: a checkpoint written before it existed still resumes.
         self.checkpoint = tf.train.Checkpoint(**self.core, network=NetworkState(run.network),
                                               monitors=monitor_state(monitors))

@@ -57,6 +57,8 @@ from deepdanbooru.training.source import claim_project
 from deepdanbooru.training.start import measure_start
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import check_global_batch, describe_strategy, synchronize_batch_norm
+from deepdanbooru.training.distill import Distillation
+from deepdanbooru.training.start import shared_tags
 from deepdanbooru.training.wise import StartWeights, check_resumable
 
 
@@ -124,7 +126,7 @@ class SliceTrainer:
                                                             self.rates.rate(0, 0))
             self.ema = WeightAverage(self.model, self.config.ema_decay, self.partial.frozen if self.partial else ()) \
                 if self.config.ema_decay else None
-            self.wise = self._start_weights(recorded)
+            self.start, self.distill = self._start_weights(recorded)
         if self.role.is_chief:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             claim_project(plan, self.latest)
@@ -139,17 +141,19 @@ class SliceTrainer:
             echo(f"Exports: {self.paths.final_export(self.exports).name} and the others of its name, after the "
                  f"network that trains (project.json's model {self.config.model} names runs from the model table)")
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
-                                       self.monitors, echo, start=self.wise)
+                                       self.monitors, echo, start=self.start, distill=self.distill)
         restoring = time.monotonic()
         self.counters = self.keeper.restore()
         restore_seconds = time.monotonic() - restoring
+        if self.distill is not None:
+            self.distill.load()
         self.worker_sums = self._agree_with_the_other_workers()
         if self.fit is not None:
             self.fit.resume(self.counters, restore_seconds, self.worker_sums)
         self.step = TrainStep(strategy, self.model, self.optimizer,
                               project_loss(self.config, "none", priors.loss_weights()),
                               loss_scaled=self.policy == MIXED, ema=self.ema, jit_compile=self.jit_compile,
-                              echo=echo)
+                              echo=echo, distill=self.distill)
         self.step.sums.step.assign(self.counters.used_minibatch)
         self.keeper.track_window(self.step.sums)
         self.freeze = BackboneFreeze(self.model, inner, self.config.freeze_backbone_epochs,
@@ -157,22 +161,32 @@ class SliceTrainer:
                                      trains=f"trainable_blocks' {self.partial.part()}" if self.partial else "every layer")
         self.budget = plan.time_budget
         self.report = RunReport(plan, self.schedule, self.rates, self.counters, self.step.sums, self.monitors)
-        self.outputs = Outputs(plan, self.model, self.ema, self.monitors, self.jit_compile, echo, wise=self.wise)
-        if self.wise is not None and self.budget is not None:
-            self.budget.final_validations = len(self.wise.alphas)
+        wise = self.start if self.start is not None and self.start.alphas else None
+        self.outputs = Outputs(plan, self.model, self.ema, self.monitors, self.jit_compile, echo, wise=wise)
+        if wise is not None and self.budget is not None:
+            self.budget.final_validations = len(wise.alphas)
         self.slices = SliceRunner(plan, strategy, self.worker_sums, self.step, self.optimizer, self.rates,
                                   self.counters, self.report, self.monitors, self._check_finite)
 
-    def _start_weights(self, recorded) -> StartWeights | None:
-        """wise_ft's copy of the weights the run starts from (training.wise), when it has a source to mix with."""
-        if not self.config.wise_ft:
-            return None
+    def _start_weights(self, recorded) -> tuple[StartWeights | None, Distillation | None]:
+        """The copy of the weights the run starts from (training.wise) that wise_ft mixes with and
+        source_distillation's teacher runs, when the run has a source."""
+        config = self.config
+        if not config.wise_ft and not config.source_distillation:
+            return None, None
         if self.plan.source_model is None and recorded is None:
-            self.echo(f"notice: wise_ft in {self.config.config_path} mixes with a --source-model's weights; this run "
-                      "starts from no source, so its exports hold the trained weights")
-            return None
-        check_resumable(self.latest, self.config)
-        return StartWeights(self.model, self.config.wise_ft, self.partial.frozen if self.partial else ())
+            if config.wise_ft:
+                self.echo(f"notice: wise_ft in {config.config_path} mixes with a --source-model's weights; this run "
+                          "starts from no source, so its exports hold the trained weights")
+            if config.source_distillation:
+                self.echo(f"notice: source_distillation in {config.config_path} learns from a --source-model's "
+                          "scores; this run starts from no source, so it learns from the labels alone")
+            return None, None
+        check_resumable(self.latest, config)
+        start = StartWeights(self.model, config.wise_ft or (), self.partial.frozen if self.partial else ())
+        distill = Distillation(self.model, config.source_distillation, shared_tags(self.plan), start) \
+            if config.source_distillation else None
+        return start, distill
 
     def _agree_with_the_other_workers(self) -> WorkerSums | None:
         if not self.role.in_cluster:

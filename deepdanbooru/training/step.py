@@ -67,7 +67,7 @@ class TrainStep:
     """`TrainStep(...)(distributed_batch)` runs one optimisation step on every replica."""
 
     def __init__(self, strategy, model, optimizer, loss, loss_scaled: bool, count_metrics: bool = True, ema=None,
-                 jit_compile: bool = False, echo=print):
+                 jit_compile: bool = False, echo=print, distill=None):
         self.strategy = strategy
         self.model = model
         self.optimizer = optimizer
@@ -78,6 +78,7 @@ class TrainStep:
         # taken over the real (maybe partial) global batch.
         self.loss = as_loss(loss, "none")
         self.ema = ema  # training.ema.WeightAverage or None
+        self.distill = distill  # training.distill.Distillation or None
         take_over_gradient_reduction(optimizer, strategy)
         with strategy.scope():
             self.sums = StepSums()
@@ -117,10 +118,13 @@ class TrainStep:
         labels = tf.ensure_shape(labels, [None, self.model.output_shape[-1]])
         local = tf.shape(labels)[0]
         global_batch = tf.distribute.get_replica_context().all_reduce(_SUM, local)
+        targets = self.distill.targets(images) if self.distill is not None else None
         with tf.GradientTape() as tape:
             scores = self.model(images, training=True)
             per_example = self.loss(labels, scores)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            # source_distillation adds to what trains, not to the loss the console prints (the labels' alone).
+            trained = per_example if self.distill is None else per_example + self.distill.per_example(targets, scores)
+            loss = tf.nn.compute_average_loss(trained, global_batch_size=global_batch)
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
             scaled = self.optimizer.scale_loss(loss) if self.loss_scaled else loss

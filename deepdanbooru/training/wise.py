@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from deepdanbooru.errors import TrainingError, file_field
 
-CHECKPOINT_KEY = "wise_ft"
+CHECKPOINT_KEY = "start_weights"  # wise_ft's and source_distillation's
 CHOICE_METRIC = "map"
 TRIGGER = "wise_ft"
 # The exports that hold the mix: the run's last weights (the end, or a --time-limit stop).
@@ -72,13 +72,19 @@ class StartWeights:
         return best[0], best[2], dict(sorted(tried.items()))
 
 
-def checkpoint_has_start(checkpoint_path: str) -> bool:
-    return any(name.startswith(CHECKPOINT_KEY + "/") for name, _ in tf.train.list_variables(checkpoint_path))
+def checkpoint_holds(checkpoint_path: str, key: str) -> bool:
+    return any(name.startswith(key + "/") for name, _ in tf.train.list_variables(checkpoint_path))
 
 
 def check_resumable(latest: str | None, config) -> None:
-    """A run resumed with wise_ft needs the start its checkpoint records: one written without wise_ft has none."""
-    if latest and config.wise_ft and not checkpoint_has_start(latest):
-        raise TrainingError(file_field(config.config_path, "wise_ft", (
-            f"{latest} was written without wise_ft, so it does not hold the weights the run started from; set "
-            "wise_ft back to null to resume it, or start the run again (delete the checkpoints folder) to mix")))
+    """A run resumed with wise_ft or source_distillation needs what its checkpoint records of the start: one
+    written without the key has none."""
+    from deepdanbooru.training.distill import CHECKPOINT_KEY as DISTILLED
+
+    if not latest:
+        return
+    for key, needs in (("wise_ft", (CHECKPOINT_KEY,)), ("source_distillation", (CHECKPOINT_KEY, DISTILLED))):
+        if getattr(config, key) and not all(checkpoint_holds(latest, name) for name in needs):
+            raise TrainingError(file_field(config.config_path, key, (
+                f"{latest} was written without {key}, so it does not hold what the run started from; set {key} "
+                "back to null to resume it, or start the run again (delete the checkpoints folder) to use it")))

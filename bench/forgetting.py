@@ -1,0 +1,186 @@
+"""What a fine-tune kept of its source: per-tag AP before the first step against after, and WiSE-FT mixes.
+
+    python bench/forgetting.py PROJECT [PROJECT ...] --source-model SOURCE.keras [--source-tags TAGS.txt]
+                               [--alphas 0,0.25,0.5,0.75,1] [--out forgetting.json]
+
+Each PROJECT is a finished fine-tune (bench/quality.py's runs/<recipe>): its logs/source_tag_ap.json
+holds the source's AP per tag it shares with tags.txt, measured by the run on its validation split
+before the first step. Its best export (the one evaluate-project picks) and its last one (final, or
+the --time-limit stop's) are measured on the same posts the same way (scoring.scorer.measure), and
+compared tag by tag:
+
+- known tags: those the source knew with at least --min-positives (10) positives in the split; how
+  many lost more than --loss (0.02) AP, how many gained, their mean AP before and after;
+- new tags: those the source did not know, with positives: their mean AP (learnt or not);
+- all tags with positives: mAP.
+
+--alphas also measures weight-space mixes of the start and the last export, (1 - a) * start + a * export
+for every weight (WiSE-FT), the start being the source with its head mapped onto tags.txt as the
+trainer maps it (a = 0 is the start: its figures must equal source_tag_ap.json's; a = 1 the export).
+This is what the run's own `wise_ft` does at its end, measured here on a run made without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def goals(source_ap: dict, support: dict, ap: dict, new_tags: list[str], min_positives: int = 10,
+          loss: float = 0.02) -> dict:
+    """The issue's figures from per-tag APs: source_ap/support over the known tags, ap over every tag."""
+    known = [tag for tag, value in source_ap.items() if value is not None and support.get(tag, 0) >= min_positives]
+    before = np.array([source_ap[tag] for tag in known])
+    after = np.array([ap[tag] for tag in known])
+    change = after - before
+    new = [ap[tag] for tag in new_tags if ap.get(tag) is not None]
+    every = [value for value in ap.values() if value is not None]
+    return {
+        "known_tags": len(known),
+        "known_lost": int((change < -loss).sum()),
+        "known_lost_share": float((change < -loss).mean()) if known else None,
+        "known_gained": int((change > loss).sum()),
+        "known_map_before": float(before.mean()) if known else None,
+        "known_map_after": float(after.mean()) if known else None,
+        "known_map_rise": float(change.mean()) if known else None,
+        "new_tags": len(new),
+        "new_map": float(np.mean(new)) if new else None,
+        "map": float(np.mean(every)) if every else None,
+    }
+
+
+class Measurer:
+    """A project's validation split, ready to measure any model of its tags."""
+
+    def __init__(self, project: Path, batch_size: int = 64):
+        from deepdanbooru.inference.project_metrics import select_records
+        from deepdanbooru.models.losses import project_loss
+        from deepdanbooru.pipeline import Fill, inference_dataset
+        from deepdanbooru.project.config import load_config
+        from deepdanbooru.project.tags import load_tags
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.config = load_config(project)
+        self.tags = load_tags(self.config.project_dir / "tags.txt")
+        records = select_records(self.config, "validation")
+        self.records = len(records.paths())
+        self.loss = project_loss(self.config, "none")
+        self.dataset = inference_dataset(records.paths(), height=self.config.image_height,
+                                         width=self.config.image_width, batch_size=batch_size,
+                                         max_image_pixels=self.config.max_image_pixels,
+                                         tag_strings=list(records.tag_strings), tags=self.tags,
+                                         fill=Fill.from_config(self.config))
+
+    def ap(self, model) -> dict:
+        """tag -> AP (None without positives)."""
+        from deepdanbooru.scoring.scorer import BatchScorer, measure
+
+        scorer = BatchScorer(model, self.loss, self.config.image_height, self.config.image_width)
+        per_tag = measure(scorer, self.dataset, self.config.validation_threshold).result()["per_tag"]
+        return {tag: (float(value) if np.isfinite(value) else None) for tag, value in zip(self.tags, per_tag["ap"])}
+
+
+def start_model(project: Path, source: Path, source_tags: Path | None, measurer: Measurer):
+    """The source with its head mapped onto the project's tags.txt, new tags at their prior: the trainer's start."""
+    from deepdanbooru.models.files import load_model_file
+    from deepdanbooru.models.head import grow_vocabulary
+    from deepdanbooru.models.vocabulary import read_model_tags
+    from deepdanbooru.project.tags import load_tags, tag_counts
+    from deepdanbooru.dataset.records import load_records
+    from deepdanbooru.scoring.split import split_records
+    from deepdanbooru.training.priors import log_odds
+    from deepdanbooru.training.source import in_project_spelling
+
+    config = measurer.config
+    records = load_records(config.require_database(), config.minimum_tag_count, config.image_extensions)
+    train = split_records(records, config.validation_fraction, config.seed)[0]
+    priors = log_odds(tag_counts(train.tag_strings, measurer.tags), len(train))
+    names = load_tags(source_tags) if source_tags else read_model_tags(source)
+    model = load_model_file(source)
+    grown, _ = grow_vocabulary(model, in_project_spelling(names, measurer.tags), measurer.tags, priors, source)
+    return grown, names
+
+
+def mixed(start, end, alpha: float, into) -> None:
+    """into's weights = (1 - alpha) * start + alpha * end, layer by layer (matched by name)."""
+    for layer in into.layers:
+        if not layer.weights:
+            continue
+        a = start.get_layer(layer.name).get_weights()
+        b = end.get_layer(layer.name).get_weights()
+        layer.set_weights([(1.0 - alpha) * x + alpha * y if np.issubdtype(y.dtype, np.floating) else y
+                           for x, y in zip(a, b)])
+
+
+def last_export(project: Path) -> Path:
+    """The run's last weights: its final export, else the one its --time-limit stop wrote."""
+    finals = [p for p in project.glob("model-*.keras") if p.name.count(".") == 1]
+    stopped = list(project.glob("model-*.stopped.keras"))
+    if not finals and not stopped:
+        raise SystemExit(f"error: {project} has no final or stopped export")
+    return (finals or stopped)[0]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("projects", type=Path, nargs="+")
+    parser.add_argument("--source-model", type=Path, required=True)
+    parser.add_argument("--source-tags", type=Path)
+    parser.add_argument("--alphas", default="1", help="comma-separated WiSE-FT mixing weights (1: the export)")
+    parser.add_argument("--min-positives", type=int, default=10)
+    parser.add_argument("--loss", type=float, default=0.02)
+    parser.add_argument("--out", type=Path, default=Path("forgetting.json"))
+    args = parser.parse_args(argv)
+
+    import keras
+
+    from deepdanbooru.captions import tag_key
+    from deepdanbooru.inference.model_files import resolve_model_files
+    from deepdanbooru.inference.predict import configure_devices
+    from deepdanbooru.models.files import load_model_file
+
+    configure_devices(False)
+    alphas = [float(a) for a in args.alphas.split(",")]
+    results = {}
+    for project in args.projects:
+        start_file = json.loads((project / "logs" / "source_tag_ap.json").read_text())
+        measurer = Measurer(project)
+        best = resolve_model_files(project).model  # the export evaluate-project uses: the best one
+        export = last_export(project)
+        end = load_model_file(export)
+        start, names = start_model(project, args.source_model, args.source_tags, measurer)
+        known = {tag_key(tag) for tag in names}
+        new_tags = [tag for tag in measurer.tags if tag_key(tag) not in known]
+        work = keras.models.clone_model(end)
+        rows = {}
+        for alpha in ["best", *alphas]:
+            if alpha == "best":
+                ap, name = measurer.ap(load_model_file(best)), f"best export ({best.name})"
+            else:
+                mixed(start, end, alpha, work)
+                ap, name = measurer.ap(work), f"a={alpha:g} of {export.name}"
+            key = alpha if alpha == "best" else f"{alpha:g}"
+            rows[key] = goals(start_file["ap"], start_file["support"], ap, new_tags, args.min_positives, args.loss)
+            row = rows[key]
+            print(f"{project.name} {name}: mAP {row['map']:.4f}; known tags ({row['known_tags']}) "
+                  f"{row['known_map_before']:.4f} -> {row['known_map_after']:.4f}, lost {row['known_lost']} "
+                  f"({row['known_lost_share']:.1%}), gained {row['known_gained']}; new tags ({row['new_tags']}) "
+                  f"mAP {row['new_map']:.4f}", flush=True)
+        results[str(project)] = {"export": str(export), "best": str(best), "validation_records": measurer.records,
+                                 "source_map": start_file["map"], "alphas": rows}
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -241,7 +241,10 @@ def _preflight_options(options):
             if option.alias:
                 spelling, value = option.alias
                 command = alias(spelling, option.name, value=value)(command)
-            if option.choices:
+            if option.metavar:
+                command = click.option(option.flag, option.name, metavar=option.metavar,
+                                       type=click.Path(path_type=str), help=option.help)(command)
+            elif option.choices:
                 command = click.option(option.flag, option.name, default=option.default, show_default=True,
                                        type=click.Choice(option.choices), help=option.help)(command)
             elif option.default is None:
@@ -258,12 +261,12 @@ def _preflight_options(options):
 @_preflight_options(PREFLIGHT_OPTIONS)
 @click.pass_context
 def preflight(ctx, project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow, check_duplicates,
-              output_format):
+              source_model, output_format):
     """Read-only checks of PROJECT_PATH before training. Exit 0: all good, 1: a check failed."""
     from deepdanbooru.preflight.main import report, training_preflight
 
     results = training_preflight(project_path, max_image_checks, check_packages, probe_imports, probe_tensorflow,
-                                 check_duplicates)
+                                 check_duplicates, source_model)
     ctx.exit(report(project_path, results, output_format == "json", echo=click.echo))
 
 

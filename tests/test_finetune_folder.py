@@ -50,8 +50,8 @@ def test_folder_source_maps_by_name_starts_new_tags_at_the_prior_and_carries_cat
     lines = []
     model = make_model(plan, "float32", Priors(plan), resuming=False, echo=lines.append)
     report = project / "logs" / "vocabulary.txt"
-    assert any(line.startswith("--source-model wd-tagger: vit_base_patch16_224; channel order the weights "
-                               "expect: bgr") for line in lines)
+    assert any(line.startswith("--source-model wd-tagger: vit_base_patch16_224-depth2-dim32-heads4-patch8-img32; "
+                               "channel order the weights expect: bgr") for line in lines)
     assert f"--source-model wd-tagger: kept 3 tags, 15 new, 4 dropped (listed in {report})" in "\n".join(lines)
     rows = report.read_text().splitlines()[1:]
     assert "kept\tgrey_background" in rows and "kept\tred\tRed" in rows and "kept\trating:general" in rows

@@ -2,7 +2,8 @@
 stopped run prints works as printed, and every place names the network that trains with one name and count.
 
 The source is the WD-like ViT fixture (a timm checkpoint folder whose config.json says vit_base_patch16_224
-with model_args of 2 blocks, 32 wide); project.json names vit_small_patch16, which is not what trains: the
+with model_args of 2 blocks, 32 wide: the network is named with both); project.json names vit_small_patch16, which
+is not what trains: the
 exports carry the network's name, except in a run resumed from a checkpoint written before checkpoints
 recorded it, which keeps the name its exports already have.
 """
@@ -24,7 +25,8 @@ from deepdanbooru.training import train as train_module
 from deepdanbooru.training.monitors import Monitor
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "timm" / "vit_wd"
-NETWORK = "vit_base_patch16_224"  # the fixture's architecture, the Keras name of what it builds
+# The fixture's architecture with the arguments that size it: the name of the network it builds.
+NETWORK = "vit_base_patch16_224-depth2-dim32-heads4-patch8-img32"
 # One epoch of two slices (24 records, batch 4, 3 minibatches a slice).
 SETUP = dict(model="vit_small_patch16", epoch_count=1, checkpoint_frequency_mb=3)
 STOPPED, FINAL = f"model-{NETWORK}.stopped.keras", f"model-{NETWORK}.keras"
@@ -195,3 +197,28 @@ def test_a_checkpoint_written_before_the_record_resumes_with_its_source_model(tm
     from deepdanbooru.inference.model_files import resolve_model_files
 
     assert resolve_model_files(project_path=project).model == project / OLD_FINAL
+
+
+def test_preflight_and_the_report_name_the_network_that_trains_and_its_size(reference, folder, tmp_path,
+                                                                            sample_dataset):
+    """Before training (preflight told the --source-model) and after it (the report), the name and size are the
+    network's, as train-project's Model: line, state.json and the exports give them."""
+    from deepdanbooru.project.config import load_config
+    from deepdanbooru.report.summary import model_text
+
+    state = read_state(reference)
+    trainable, frozen = state["parameters"]["trainable"], state["parameters"]["non_trainable"]
+    assert state["network"] == NETWORK and (reference / FINAL).is_file()
+    fresh = make_project(tmp_path / "fresh", *sample_dataset, **SETUP)
+    tags = len((fresh / "tags.txt").read_text().split())
+    model = {r.name: r for r in training_preflight(fresh, source_model=folder)}["model"]
+    assert (model.status, model.detail) == ("PASS", (
+        f"{NETWORK} (the network of --source-model {folder}, exported as {FINAL}; the source's network trains, not "
+        f"one built from project.json's model vit_small_patch16): input 32x32x3, {trainable + frozen:,} parameters "
+        f"in the checkpoint's tensors, its head mapped onto {tags} tags"))
+    assert model_text(load_config(reference), state) == (
+        f"{NETWORK}, 32x32, {trainable + frozen:,} parameters ({trainable:,} trainable); the --source-model's "
+        "network (project.json's model vit_small_patch16 did not train)")
+    # Without --source-model preflight cannot know the source: it names project.json's model, as before.
+    plain = {r.name: r for r in training_preflight(fresh)}["model"]
+    assert plain.detail.startswith("vit_small_patch16: input 32x32x3")

@@ -20,7 +20,8 @@ from deepdanbooru.project.config import load_config
 from deepdanbooru.project.paths import ProjectPaths
 
 TIMM = Path(__file__).resolve().parent / "fixtures" / "timm"
-NETWORK = "vit_base_patch16_224"  # what the vit_wd fixture builds: 2 blocks, 32 wide
+# What the vit_wd fixture builds (config.json: vit_base_patch16_224 with 2 blocks, 32 wide), named as it is.
+NETWORK = "vit_base_patch16_224-depth2-dim32-heads4-patch8-img32"
 
 
 def _imported(fixture):

@@ -14,6 +14,7 @@ import deepdanbooru
 
 ROOMS = ("project", "dataset", "preflight")
 PACKAGE = Path(deepdanbooru.__file__).parent
+FOLDER = Path(__file__).resolve().parent / "fixtures" / "timm" / "vit_wd"
 
 
 def room_modules():
@@ -50,9 +51,12 @@ def test_preflight_of_a_stopped_fine_tune_imports_neither_training_nor_tensorflo
         from deepdanbooru.preflight.main import training_preflight
         results = training_preflight({str(sample_project)!r}, max_image_checks=2)
         checkpoint = [r.detail for r in results if r.name == "checkpoint"]
+        # And sizing a timm folder given as --source-model.
+        given = training_preflight({str(sample_project)!r}, max_image_checks=2, source_model={str(FOLDER)!r})
+        model = [r.detail for r in given if r.name == "model"]
         heavy = sorted(m for m in sys.modules if m.startswith("deepdanbooru.training")
-                       or m.split(".")[0] in ("tensorflow", "keras"))
-        print(json.dumps({{"checkpoint": checkpoint, "heavy": heavy}}))
+                       or m.split(".")[0] in ("tensorflow", "keras", "numpy"))
+        print(json.dumps({{"checkpoint": checkpoint, "model": model, "heavy": heavy}}))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -61,3 +65,5 @@ def test_preflight_of_a_stopped_fine_tune_imports_neither_training_nor_tensorflo
     assert len(outcome["checkpoint"]) == 1
     assert f"starts FRESH from --source-model {source}" in outcome["checkpoint"][0]
     assert "start.json there" in outcome["checkpoint"][0]
+    assert outcome["model"][0].startswith("vit_base_patch16_224-depth2-dim32-heads4-patch8-img32 (the network of "
+                                          f"--source-model {FOLDER}")

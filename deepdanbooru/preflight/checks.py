@@ -19,11 +19,12 @@ from deepdanbooru.dataset.trust import MIN_TRAIN_POSITIVES, split_stats, trust_w
 from deepdanbooru.errors import UserError
 from deepdanbooru.formats import stored_extensions
 from deepdanbooru.models import table
+from deepdanbooru.models.sourceinfo import source_network
 from deepdanbooru.preflight.images import BadImage, inspect_image, too_large
 from deepdanbooru.preflight.options import DEFAULT_MAX_IMAGE_CHECKS
 from deepdanbooru.preflight.results import FAIL, PASS, SKIP, WARN, CheckResult
 from deepdanbooru.project.config import FIT, load_config
-from deepdanbooru.project.paths import ProjectPaths
+from deepdanbooru.project.paths import ProjectPaths, safe_export_name
 from deepdanbooru.project.resume import (START_FILE, describe_resume_point, fine_tuned_network, has_checkpoint,
                                          recorded_start, resume_point)
 from deepdanbooru.project.shards import SHARDS_DIR, scoring_shards, training_shards
@@ -43,8 +44,9 @@ class Run:
     """What the checks learn and share; filled in check by check."""
 
     def __init__(self, project, max_image_checks: int = DEFAULT_MAX_IMAGE_CHECKS, check_duplicates: bool = False,
-                 max_distance: int = duplicates.DEFAULT_MAX_DISTANCE):
+                 max_distance: int = duplicates.DEFAULT_MAX_DISTANCE, source_model=None):
         self.paths = ProjectPaths(project)
+        self.source_model = source_model  # the --source-model train-project will be given, when told
         self.max_image_checks = max_image_checks
         self.check_duplicates = check_duplicates  # read every eligible image (file MD5 and dHash)
         self.max_distance = max_distance
@@ -123,6 +125,9 @@ def check_model(run: Run):
                       f"from project.json's model {config.model}): "
                       f"input {config.image_height}x{config.image_width}x3, "
                       f"{counts['trainable']:,} trainable and {counts['non_trainable']:,} non-trainable parameters")
+    source = _fresh_source(run)
+    if source is not None:
+        return _source_model_line(run, config, *source)
     table.check_model_input(config.model, config.input_shape, config.config_path)
     table.check_head_bias_init(config.model, config.head_bias_init, config.config_path)
     if run.tags is None:
@@ -130,6 +135,41 @@ def check_model(run: Run):
     trainable, frozen = table.parameter_counts(config.model, config.input_shape, len(run.tags))
     return PASS, (f"{config.model}: input {config.image_height}x{config.image_width}x3, {len(run.tags)} outputs, "
                   f"{trainable:,} trainable and {frozen:,} non-trainable parameters")
+
+
+def _fresh_source(run: Run) -> tuple[Path, str] | None:
+    """(source, how preflight knows it) for a run that will start from a --source-model: --source-model given to
+    preflight, else the one a stopped run started from (checkpoints/start.json); None without either."""
+    if has_checkpoint(run.paths.checkpoints):
+        return None
+    if run.source_model is not None:
+        return Path(run.source_model), "--source-model"
+    try:
+        started = recorded_start(run.paths.checkpoints)
+    except UserError:
+        return None  # the checkpoint check names the unreadable record
+    if started is not None:
+        return Path(started[0]), f"--source-model {started[0]}, which the stopped run started from"
+    return None
+
+
+def _source_model_line(run: Run, config, source: Path, given: str):
+    if not source.exists():
+        return FAIL, f"{source}: --source-model not found"
+    resampled = (config.image_height, config.image_width) if config.resample_positions else None
+    try:
+        network = source_network(source, len(run.tags) if run.tags is not None else None, resampled)
+    except UserError as error:
+        return FAIL, str(error)
+    name = network.name or f"the network in {source.name}"
+    exports = run.paths.final_export(safe_export_name(network.name or "") or config.model).name
+    text = (f"{name} (the network of {given if given != '--source-model' else f'--source-model {source}'}, "
+            f"exported as {exports}; the source's network trains, not one built from project.json's model "
+            f"{config.model}): input {config.image_height}x{config.image_width}x3")
+    if network.parameters is not None:
+        mapped = f", its head mapped onto {len(run.tags):,} tags" if run.tags is not None else ""
+        return PASS, f"{text}, {network.parameters:,} parameters in the checkpoint's tensors{mapped}"
+    return PASS, f"{text}; train-project counts its parameters when it builds it"
 
 
 def check_paths(run: Run):

@@ -20,9 +20,10 @@ def training_preflight(
     probe_imports: bool = False,
     probe_tensorflow: bool = False,
     check_duplicates: bool = False,
+    source_model=None,
 ):
     """Every check docs/preflight.md lists that the options ask for; a list of CheckResult. Writes nothing."""
-    run = checks.Run(project, max_image_checks, check_duplicates=check_duplicates)
+    run = checks.Run(project, max_image_checks, check_duplicates=check_duplicates, source_model=source_model)
     try:
         results = checks.run_checks(run, checks.PROJECT_CHECKS)
     finally:
@@ -73,7 +74,9 @@ def _parse(prog: str, description: str, project_help: str, options, argv):
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("project", help=project_help)
     for option in options:
-        if option.choices:
+        if option.metavar:
+            parser.add_argument(option.flag, dest=option.name, metavar=option.metavar, help=option.help)
+        elif option.choices:
             parser.add_argument(option.flag, dest=option.name, choices=option.choices, default=option.default,
                                 help=f"{option.help} (default {option.default})")
         elif option.default is None:
@@ -99,7 +102,8 @@ def training_preflight_main(argv=None) -> int:
         f"{exitcodes.FAILED}: a check failed, {exitcodes.USAGE}: bad usage.",
         "project directory (holds project.json and tags.txt)", PREFLIGHT_OPTIONS, argv)
     results = training_preflight(arguments.project, arguments.max_image_checks, arguments.check_packages,
-                                 arguments.probe_imports, arguments.probe_tensorflow, arguments.check_duplicates)
+                                 arguments.probe_imports, arguments.probe_tensorflow, arguments.check_duplicates,
+                                 arguments.source_model)
     return report(arguments.project, results, arguments.output_format == "json")
 
 

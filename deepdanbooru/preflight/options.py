@@ -17,6 +17,7 @@ class Option:
     dest: str | None = None  # the parameter name, when it is not the flag's
     choices: tuple[str, ...] = ()  # a word option takes one of these
     alias: tuple[str, str] | None = None  # (older flag, the choice it stands for): accepted, not shown
+    metavar: str | None = None  # a value option taking a path (a file or folder), named so in the help
 
     @property
     def name(self) -> str:
@@ -34,6 +35,8 @@ PREFLIGHT_OPTIONS = (
     Option("--probe-tensorflow", "Run TensorFlow in a child process: compute on the CPU, decode the sampled images."),
     Option("--check-duplicates", "Read every eligible image: identical files and near-identical pictures (dHash, "
                                  "needs Pillow) on both sides of the validation split."),
+    Option("--source-model", "The --source-model train-project will start from: the model check names the network "
+                             "that trains (the source's, not project.json's model) and its size.", metavar="PATH"),
     FORMAT_OPTION,
 )
 VALIDATE_OPTIONS = (

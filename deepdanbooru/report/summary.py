@@ -116,11 +116,26 @@ def _figure(metrics: dict | None, name: str) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
 
 
+def model_text(config, state: dict) -> str:
+    """The network that trained, by the name its checkpoints and exports give it, and its size (state.json);
+    project.json's model only where the run trained that (or recorded nothing)."""
+    network, counts = state.get("network"), state.get("parameters")
+    size = f"{config.image_width}x{config.image_height}"
+    if not isinstance(network, str) or not network:
+        return f"{config.model}, {size}"
+    text = f"{network}, {size}"
+    if isinstance(counts, dict) and all(isinstance(counts.get(key), int) for key in ("trainable", "non_trainable")):
+        text += (f", {counts['trainable'] + counts['non_trainable']:,} parameters ({counts['trainable']:,} "
+                 "trainable)")
+    if state.get("source"):
+        text += f"; the --source-model's network (project.json's model {config.model} did not train)"
+    return text
+
+
 def run_rows(config, files, model_kind: str, model_file: Path, split: dict) -> list[tuple[str, str]]:
     """The run section: (label, text) rows."""
-    rows = [("Model", f"{config.model}, {config.image_width}x{config.image_height}"),
-            ("Reported model", f"{model_file.name} ({model_kind})")]
     state = files.state or {}
+    rows = [("Model", model_text(config, state)), ("Reported model", f"{model_file.name} ({model_kind})")]
     source = state.get("source")
     if source:
         start = f"fine-tuned from --source-model {source}"

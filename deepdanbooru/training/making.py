@@ -97,7 +97,7 @@ def _start(plan, policy, priors, resuming, echo, write_report) -> keras.Model:
 
         size = (config.image_height, config.image_width)
         imported = import_checkpoint(plan.source_model, input_size=size if config.resample_positions else None)
-        echo(f"--source-model {plan.source_model.name}: {imported.source.architecture}; channel order the "
+        echo(f"--source-model {plan.source_model.name}: {imported.model.name}; channel order the "
              f"weights expect: {imported.channel_order_reason}")
         if imported.source.input_size != size:
             height, width = imported.source.input_size

@@ -20,7 +20,7 @@ import numpy as np
 from deepdanbooru.errors import ModelError, file_field
 from deepdanbooru.models.timm import convnext, eva02, parts, swinv2, vit
 from deepdanbooru.models.timm.safetensors import read_header, read_tensors
-from deepdanbooru.models.timm.source import CheckpointSource, class_names, read_source
+from deepdanbooru.models.timm.source import CheckpointSource, class_names, network_name, read_source
 
 # architecture-name prefix -> family module
 FAMILIES = {"vit_": vit, "convnext_": convnext, "swinv2_": swinv2, "eva02_": eva02}
@@ -106,5 +106,9 @@ def import_checkpoint(folder, channel_order: str | None = None, input_size=None)
     if unset:
         raise ModelError(f"{source.architecture}: no weights mapped for layers {', '.join(unset[:5])}")
     set_layer_weights(model, weights, source.weights_path)
+    name = network_name(source, size if input_size is not None else None)
+    if name != model.name:
+        # The same layers under the network's own name (the architecture's alone names another network).
+        model = keras.Model(model.inputs, model.outputs, name=name)
     return ImportedModel(model, class_names(source), source.categories, size, source.channel_order,
                          source.channel_order_reason, source)

@@ -4,17 +4,17 @@ The format: 8 bytes (little-endian unsigned) giving the length of a JSON
 header, the header (tensor name -> dtype, shape, [begin, end) byte offsets into
 the data that follows; an optional "__metadata__" entry), then the raw
 little-endian bytes. bfloat16 is the top half of a float32, so widening it is a
-16-bit shift; float16 and float32 numpy reads directly.
+16-bit shift; float16 and float32 numpy reads directly. The header alone is read with the standard library
+(preflight sizes a --source-model folder from it without numpy).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from deepdanbooru.errors import ModelError, file_field
 
@@ -63,7 +63,7 @@ def read_header(path) -> tuple[dict[str, TensorInfo], int]:
             raise ModelError(file_field(path, name, "header entry needs dtype, shape and data_offsets")) from None
         if dtype not in _DTYPES:
             raise ModelError(file_field(path, name, f"dtype {dtype} is not supported (F32, F16, BF16, F64)"))
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if not 0 <= begin <= end <= data_size or end - begin != count * _DTYPES[dtype][1]:
             raise ModelError(file_field(path, name, f"data_offsets {[begin, end]} do not fit shape {list(shape)} "
                                                     f"of {dtype} in a file with {data_size} data bytes"))
@@ -86,6 +86,8 @@ def read_tensors(path, names=None) -> dict[str, np.ndarray]:
 
 
 def _widen(content: bytes, info: TensorInfo) -> np.ndarray:
+    import numpy as np
+
     stored, _ = _DTYPES[info.dtype]
     raw = np.frombuffer(content, dtype=stored)
     if info.dtype == "BF16":

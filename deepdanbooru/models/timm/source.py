@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,44 @@ class CheckpointSource:
     @property
     def weights_path(self) -> Path:
         return self.folder / WEIGHTS_FILE
+
+
+# The model_args that size a network, with the word each takes in its name. timm's architecture name alone names
+# the network its function builds with no arguments: vit_base_patch16_224 with depth 6 and embed_dim 192 is a
+# 6-block, 192-wide network, so the name every export, checkpoint and report gives it is
+# vit_base_patch16_224-depth6-dim192. An argument the architecture name already says (patch16, window8, _224)
+# is left out.
+SIZE_ARGS = (("depth", "depth"), ("depths", "depths"), ("embed_dim", "dim"), ("dims", "dims"),
+             ("num_heads", "heads"), ("mlp_ratio", "mlp"), ("patch_size", "patch"), ("window_size", "window"),
+             ("img_size", "img"))
+
+
+def _name_part(value) -> str:
+    if isinstance(value, (list, tuple)):
+        if len(value) == 2 and value[0] == value[1]:  # a square size
+            return _name_part(value[0])
+        return "_".join(_name_part(item) for item in value)
+    if isinstance(value, float):
+        return f"{value:g}".replace(".", "p").replace("-", "m")
+    return str(value)
+
+
+def network_name(source: CheckpointSource, input_size=None) -> str:
+    """The name of the network the folder builds (at `input_size` (height, width) when it is resized): the
+    architecture, then each sizing argument its name does not already say."""
+    args = dict(source.model_args)
+    if input_size is not None:
+        args["img_size"] = list(input_size)
+    said = set(re.findall(r"(?:patch|window)\d+|_\d+$", source.architecture))
+    parts = []
+    for key, word in SIZE_ARGS:
+        if key not in args:
+            continue
+        value = _name_part(args[key])
+        if (word in ("patch", "window") and f"{word}{value}" in said) or (word == "img" and f"_{value}" in said):
+            continue
+        parts.append(f"{word}{value}")
+    return "-".join([source.architecture, *parts])
 
 
 def is_checkpoint_folder(path) -> bool:

@@ -898,3 +898,26 @@ def test_the_other_tags_lift_a_mistake_the_scores_alone_leave_unsure():
     assert alone.probability[21, 5] < 0.5 < both.probability[21, 5]  # the score alone (0.21) leaves it unsure
     top = both.full_order()[:2]
     assert {tuple(pair) for pair in top.tolist()} == {(10, 3), (21, 5)}
+
+
+@pytest.mark.slow  # alone, about 20 s: importing TensorFlow (the fold road's imports); no training
+def test_a_fine_tuned_projects_folds_warn_that_the_sources_posts_are_seen_by_every_fold(sample_project, monkeypatch):
+    import deepdanbooru.project.resume as resume
+    import deepdanbooru.training.train as train
+    from deepdanbooru.audit.main import run_audit
+
+    class Stop(Exception):
+        pass
+
+    def no_training(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(resume, "fine_tuned_network", lambda checkpoints: {"source": "/models/source.keras"})
+    monkeypatch.setattr(train, "train_project", no_training)
+    lines = []
+    with pytest.raises(Stop):
+        run_audit(sample_project, folds=2, echo=lines.append)
+    warning = next(line for line in lines if line.startswith("warning:"))
+    assert warning == ("warning: every fold starts from /models/source.keras, so a post that model was trained on is "
+                       "seen by every fold, not unseen: if it was trained on this database, those posts' labels score "
+                       "as it learnt them; audit with --model-path of a model that never saw these posts instead")

@@ -50,3 +50,23 @@ def test_import_model_names_the_keras_model_and_its_file_truly(tmp_path):
     assert model.count_params() < 40_000  # a vit_base would hold 86M
     resized = import_checkpoint(folder, input_size=(48, 48)).model
     assert resized.name == "vit_base_patch16_224-depth2-dim32-heads4-patch8-img48"
+
+
+def test_preflight_source_model_from_the_script_without_third_party_packages_and_from_the_cli(sample_project):
+    from click.testing import CliRunner
+    from test_preflight import run_blocked
+
+    from deepdanbooru.cli import main
+
+    folder = FIXTURES / "vit_wd"
+    expected = "vit_base_patch16_224-depth2-dim32-heads4-patch8-img32 (the network of --source-model"
+    outcome, out = run_blocked("training_preflight.py", sample_project, "--max-image-checks", "0",
+                               "--source-model", folder, "--format", "json")
+    assert outcome["attempts"] == [] and outcome["loaded"] == [], out
+    model = {check["name"]: check for check in json.loads(out)["checks"]}["model"]
+    assert model["status"] == "PASS" and model["detail"].startswith(expected)
+    result = CliRunner().invoke(main, ["preflight", str(sample_project), "--max-image-checks", "0",
+                                       "--source-model", str(folder)])
+    assert "PASS  model" in result.output and expected in result.output, result.output
+    missing = CliRunner().invoke(main, ["preflight", str(sample_project), "--source-model", str(folder / "gone")])
+    assert missing.exit_code == 1 and "FAIL  model" in missing.output and "--source-model not found" in missing.output

@@ -921,3 +921,16 @@ def test_a_fine_tuned_projects_folds_warn_that_the_sources_posts_are_seen_by_eve
     assert warning == ("warning: every fold starts from /models/source.keras, so a post that model was trained on is "
                        "seen by every fold, not unseen: if it was trained on this database, those posts' labels score "
                        "as it learnt them; audit with --model-path of a model that never saw these posts instead")
+
+
+def test_the_platt_fit_moves_a_bounded_step_on_a_tag_its_features_decide():
+    from deepdanbooru.audit.ranking import MAX_STEP, fit_platt
+
+    # Perfectly separated: the likelihood alone would send the slope off to infinity in one Newton step.
+    x = np.concatenate([np.linspace(-6, -1, 50), np.linspace(1, 6, 50)])[:, None, None]
+    targets = (x[:, :, 0] > 0).astype(float)
+    start = np.array([[0.0, 0.0]])
+    one = fit_platt(targets, x, start=start, rounds=1)
+    assert np.all(np.abs(one - start) <= MAX_STEP + 1e-12)
+    many = fit_platt(targets, x, start=start, rounds=200)
+    assert np.all(np.isfinite(many)) and many[0, 0] > 1  # the prior keeps it finite, the data steep

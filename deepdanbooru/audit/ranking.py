@@ -39,6 +39,7 @@ START_RATE, RATE_ROUNDS = 0.03, 50
 TAG_RATE_LABELS = 50.0  # how many labels' worth the rates over all tags weigh in each tag's own
 RATE_PRIOR_LABELS = 30.0  # the rates' Beta prior: START_RATE over this many labels (keeps small projects off 0)
 EPSILON = 1e-4
+MAX_STEP = 1.0  # the largest change of one weight in one Newton step
 CONVERGED = 1e-4  # the EM stops when no label's probability moves more than this in a round
 
 
@@ -126,6 +127,9 @@ def fit_platt(targets: np.ndarray, features: np.ndarray, start=None, rounds: int
                 hessian[:, a, b] = hessian[:, b, a] = _moment(weight, x[a], x[b])
         hessian += np.diag(precision)
         step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
+        # A bounded step: near-separable columns (a tag the features all but decide) would otherwise send
+        # Newton's full step far out, where the fit and the EM around it do not come back from.
+        step = np.clip(np.nan_to_num(step), -MAX_STEP, MAX_STEP)
         w = w - step
         if np.abs(step).max(initial=0.0) < 1e-6:
             break

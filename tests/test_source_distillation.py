@@ -135,3 +135,26 @@ def test_a_distilled_run_stopped_and_resumed_ends_as_one_that_never_stopped(tmp_
         np.testing.assert_array_equal(got[name], value, err_msg=name)
         if name.startswith(("stage1", "stage2")):  # trainable_blocks 2: the first stages stay the source's
             np.testing.assert_array_equal(value, start[name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_both_keys_meet_freeze_backbone_epochs(tmp_path, sample_dataset, source):  # noqa: F811
+    """The trunk frozen for the first epoch, then trained with the distillation term; the final export is the
+    start (wise_ft [0]) whatever the trunk did."""
+    from deepdanbooru.training.train import train_project
+
+    project = make_project(tmp_path / "p", *sample_dataset, epoch_count=2, validation_fraction=0.5,
+                           checkpoint_frequency_mb=3, freeze_backbone_epochs=1, source_distillation=1.0,
+                           wise_ft=[0.0])
+    lines = []
+    train_project(project, source_model=source, echo=lines.append)
+    start = by_name(start_weights(project, source))
+    first, second = weights_of(project / "model-resnet_small.e1.keras"), weights_of(project / "model-resnet_small.e2.keras")
+    trunk = [name for name in start if not name.startswith(("predictions", "head", "dense"))
+             and "moving" not in name and start[name].ndim == 4]
+    assert trunk
+    for name in trunk:
+        np.testing.assert_array_equal(first[name], start[name], err_msg=name)  # frozen in epoch 1
+    assert any(not np.array_equal(second[name], start[name]) for name in trunk)  # trained in epoch 2
+    for name, value in weights_of(project / "model-resnet_small.keras").items():
+        np.testing.assert_allclose(value, start[name], rtol=1e-6, atol=1e-7, err_msg=name)

@@ -122,8 +122,10 @@ def test_the_page_in_a_browser(page, tmp_path):
                 assert (f"{count} validation positive{'' if count == 1 else 's'}, fewer than the {minimum} that "
                         f"calibrate: AP and F1 rest on {'one picture' if count == 1 else f'{count} pictures'}"
                         ) in name_cell
-                if tags["f1"][i] != tags["f1_fixed"][i]:  # F1 at the global threshold beside F1 at the working one
-                    assert (f"is at the global threshold {data['global_threshold']:.3f} (fewer than {minimum} "
+                if tags["f1"][i] != tags["f1_fixed"][i]:  # F1 at the fallback threshold beside F1 at the working one
+                    at = ("no threshold (withheld: never emitted by default)" if tags["withheld"][i] else
+                          f"the fallback threshold {tags['threshold'][i]:.3f}")
+                    assert (f"is at {at} (fewer than {minimum} "
                             f"positives to choose its own); at {data['working_threshold']} it is "
                             f"{tags['f1_fixed'][i]:.3f}") in name_cell, name_cell
             else:
@@ -166,9 +168,9 @@ def test_sorting_by_a_figure_puts_the_tags_with_few_positives_after_the_others(t
         one = rows["one_positive"]
         assert one[0] == ("one_positive\n1 validation positive, fewer than the 10 that calibrate: AP and F1 rest on "
                           "one picture\n"
-                          "F1 0.000 is at the global threshold 0.620 (fewer than 10 positives to choose its own); "
+                          "F1 0.000 is at the fallback threshold 0.620 (fewer than 10 positives to choose its own); "
                           "at 0.5 it is 1.000")
-        assert (one[4], one[5], one[8], one[9]) == ("1.000 (1 pos.)", "0.000", "0.620 (global)", "1.000")
+        assert (one[4], one[5], one[8], one[9]) == ("1.000 (1 pos.)", "0.000", "0.620 (fallback)", "1.000")
         assert rows["two_positives"][0] == ("two_positives\n2 validation positives, fewer than the 10 that calibrate: "
                                             "AP and F1 rest on 2 pictures")
         assert rows["plenty_good"][0] == "plenty_good" and rows["plenty_good"][4] == "0.900"

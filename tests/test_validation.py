@@ -87,10 +87,11 @@ def test_every_export_has_thresholds_and_metrics(validated, sample_dataset):
         history = {k: v for k, v in checks[step].items() if k in metrics["metrics"]}
         assert metrics["metrics"] == history
         rows = (project / f"{stem}.thresholds.csv").read_text().splitlines()
-        assert rows[0] == "tag,threshold,precision,recall,f1,support"
+        assert rows[0] == "tag,threshold,precision,recall,f1,support,ap,use,reason"
         assert [row.split(",")[0] for row in rows[1:]] == tags
-        # No tag has min_support (10) positives among 4 images: every row falls back to the global threshold.
-        assert {float(row.split(",")[1]) for row in rows[1:]} == {metrics["metrics"]["global_threshold"]}
+        # No tag has min_support (10) positives among 4 images: every row shares the fallback threshold.
+        assert {float(row.split(",")[1]) for row in rows[1:]} == {metrics["metrics"]["fallback_threshold"]}
+        assert {row.split(",")[7] for row in rows[1:]} <= {"fallback", "withheld"}
         assert sum(int(row.split(",")[5]) for row in rows[1:]) == metrics["metrics"]["positives"]
 
 
@@ -228,6 +229,10 @@ def test_evaluate_project_metrics_match_the_exports(validated):
 
     final = metrics_of("--model-path", str(project / f"{MODEL}.keras"))
     assert final["records"] == 4 and final["skipped"] == 0 and final["split"] == "validation"
+    # The thresholds derived on the split are those of the file evaluate, the report and export-bundle use.
+    tags = len((project / "tags.txt").read_text().split())
+    assert {key: final["thresholds"][key] for key in ("file", "same", "tags")} == {
+        "file": str(project / f"{MODEL}.thresholds.csv"), "same": tags, "tags": tags}
     assert final["metrics"] == json.loads((project / f"{MODEL}.metrics.json").read_text())["metrics"]
     # The published figures (docs/metrics.md) are in both; no categories.json here, so no per-category ones.
     published = ("pr_threshold", "pr_precision", "pr_recall", "pr_f1", "macro_f1_040", "macro_mcc_040")
@@ -253,6 +258,8 @@ def test_evaluate_project_metrics_match_the_exports(validated):
         f"on validation at step {json.loads((project / f'{MODEL}.best.json').read_text())['used_minibatch']}, better "
         f"than {final['metrics']['macro_f1']:.4f} of {MODEL}.keras, the project's final export; --model-path takes "
         "another)")
+    assert text.output.splitlines()[-1].startswith(f"thresholds: {project / MODEL}.best.thresholds.csv, which "
+                                                   "evaluate uses: ")
     rows = dict(line.split(None, 1) for line in text.output.splitlines()[2:])
     assert rows["micro_f1"] == f"{chosen['metrics']['micro_f1']:.4f}" and rows["samples"] == "4"
     assert rows["pr_threshold"] == f"{chosen['metrics']['pr_threshold']:.4f}"

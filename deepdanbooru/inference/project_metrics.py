@@ -115,7 +115,7 @@ def select_records(config, split: str, start_id: int | None = None, end_id: int 
 # One row per tag in --format json's per_tag and --format csv, in this order. f1, precision and recall are at the
 # tag's own threshold (calibrated) or at global_threshold (too few positives to calibrate); f1_at_threshold is
 # at the working threshold (--threshold, the project's validation_threshold), as the `f1` of the scalars.
-PER_TAG_FIELDS = ("tag", "positives", "ap", "f1", "threshold", "calibrated", "precision", "recall",
+PER_TAG_FIELDS = ("tag", "positives", "ap", "f1", "threshold", "calibrated", "withheld", "precision", "recall",
                   "f1_at_threshold", "source_ap")
 SOURCE_AP_FILE = "source_tag_ap.json"  # written by a fresh train-project --source-model before its first step
 
@@ -185,6 +185,7 @@ def per_tag_rows(tags, result: dict, source: SourceFigures | None) -> list[dict]
             "f1": number(per_tag["f1"][index]) if measured else None,
             "threshold": number(per_tag["threshold"][index]),
             "calibrated": bool(per_tag["calibrated"][index]),
+            "withheld": bool(per_tag["withheld"][index]),
             "precision": number(per_tag["precision"][index]) if measured else None,
             "recall": number(per_tag["recall"][index]) if measured else None,
             "f1_at_threshold": number(at_threshold) if measured else None,
@@ -257,6 +258,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
         raise DatasetError(f"none of the {len(paths)} images could be read; see the reasons above")
 
     ids = (records.ids[0], records.ids[-1])
+    agreement = threshold_agreement(files.model, tags, summary.result["per_tag"])
     if output_format in ("json", "csv"):
         source = read_source_figures(config.project_dir, split, start_id, end_id, len(paths))
         rows = per_tag_rows(tags, summary.result, source)
@@ -269,6 +271,7 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
             "model": str(files.model), "model_kind": files.kind, "split": split, "start_id": start_id, "end_id": end_id,
             "first_id": ids[0], "last_id": ids[1], "records": len(paths), "skipped": len(summary.skipped),
             "metrics": summary.metrics, "source": None if source is None else source.as_json(),
+            "thresholds": agreement,
             "per_tag": rows}), allow_nan=False))
         return summary
     echo(f"Records: {len(paths)} ({split} split, ids {ids[0]}..{ids[1]}), {len(summary.skipped)} unreadable skipped")
@@ -279,4 +282,27 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
         echo(f"{name:<{width_}}  {group_mean_text(name, scalars)}")
     for line in coverage_lines(scalars):
         echo(f"over: {line}")
+    echo(f"thresholds: {agreement['text']}")
     return summary
+
+
+def threshold_agreement(model: Path, tags, per_tag: dict) -> dict:
+    """Whether the default thresholds derived on these records are those of the *.thresholds.csv beside the model,
+    which evaluate, the report and export-bundle use: on the split training measured, they are."""
+    from deepdanbooru.inference.model_files import DEFAULT_THRESHOLD, thresholds_beside
+    from deepdanbooru.scoring.thresholds import read_thresholds_csv
+
+    derived = [math.inf if withheld else float(value) for value, withheld in
+               zip(per_tag["threshold"], per_tag["withheld"])]
+    beside = thresholds_beside(Path(model))
+    if beside is None:
+        return {"file": None, "same": None, "tags": len(tags),
+                "text": "derived on these records by the rule of *.thresholds.csv; the model has none beside it, so "
+                        f"evaluate uses {DEFAULT_THRESHOLD:g} for every tag"}
+    written = read_thresholds_csv(beside)
+    same = sum(1 for tag, value in zip(tags, derived)
+               if written.get(tag, DEFAULT_THRESHOLD) == value or abs(written.get(tag, DEFAULT_THRESHOLD) - value) < 1e-9)
+    text = f"{beside}, which evaluate uses: {same} of {len(tags)} tags as derived on these records"
+    if same < len(tags):
+        text += " (the others differ: these are not the records, or not the model, the file was written from)"
+    return {"file": str(beside), "same": same, "tags": len(tags), "text": text}

@@ -195,7 +195,11 @@ def make_report(project_path, *, model_path=None, output=None, batch_size=32, al
     source_ap = (files.source_ap or {}).get("ap") if isinstance((files.source_ap or {}).get("ap"), dict) else None
     columns = tables.tag_columns(tags, categories, tag_counts(train.tag_strings, tags),
                                  tag_counts(validation.tag_strings, tags), result, source_ap)
-    pictures, gallery, worst = tables.pictures_and_gallery(scored.pictures, result["per_tag"]["threshold"], validation)
+    # The pictures' mistakes at the default thresholds: a withheld tag is never predicted.
+    import numpy as np
+
+    defaults = np.where(result["per_tag"]["withheld"], np.inf, result["per_tag"]["threshold"])
+    pictures, gallery, worst = tables.pictures_and_gallery(scored.pictures, defaults, validation)
     data = {"tags": columns, "curves": tables.curve_arrays(thresholds, precision, recall), "pictures": pictures,
             "gallery": gallery, "worst": worst, "working_threshold": result["threshold"],
             "global_threshold": result["global_threshold"], "min_support": result["min_support"],

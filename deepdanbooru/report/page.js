@@ -16,7 +16,9 @@
   // A figure of a tag with fewer validation positives than it takes to calibrate rests on a few pictures: a
   // sort by a figure puts those tags after the others, and their row says so.
   const FIGURES = new Set(["ap", "source_ap", "f1", "precision", "recall", "f1_fixed"]);
-  const few = i => tags.validation[i] > 0 && !tags.calibrated[i];
+  const few = i => tags.validation[i] > 0 && tags.validation[i] < data.min_support;
+  // A tag the default thresholds never emit (docs/metrics.md); pages of older data have no such flag.
+  const withheld = i => Boolean(tags.withheld && tags.withheld[i]);
   const positives = n => `${n} validation positive${n === 1 ? "" : "s"}`;
 
   function el(name, attributes, ...children) {
@@ -86,7 +88,7 @@
       const tr = el("tr", { class: "tag-row" + (state.open === i ? " open" : ""), "data-tag": tags.name[i] });
       for (const [key, , numeric] of columns) {
         let text = show(tags[key][i], key === "threshold" ? 3 : (numeric && key !== "train" && key !== "validation" ? 3 : 0));
-        if (key === "threshold" && !tags.calibrated[i]) text += " (global)";
+        if (key === "threshold" && !tags.calibrated[i]) text += withheld(i) ? " (withheld)" : " (fallback)";
         if (key === "ap" && few(i) && tags.ap[i] !== null) text += ` (${tags.validation[i]} pos.)`;
         const cell = el("td", numeric ? { class: "number" } : {}, text);
         if (key === "name") for (const line of rowNotes(i)) cell.append(el("div", { class: "row-note" }, line));
@@ -115,7 +117,8 @@
     notes.push(`${positives(n)}, fewer than the ${data.min_support} that calibrate: AP and F1 rest on ` +
                (n === 1 ? "one picture" : `${n} pictures`));
     if (tags.f1[i] !== null && tags.f1_fixed[i] !== null && tags.f1[i] !== tags.f1_fixed[i])
-      notes.push(`F1 ${show(tags.f1[i], 3)} is at the global threshold ${show(data.global_threshold, 3)} (fewer than ` +
+      notes.push(`F1 ${show(tags.f1[i], 3)} is at ` + (withheld(i) ? "no threshold (withheld: never emitted by default)" :
+                 `the fallback threshold ${show(tags.threshold[i], 3)}`) + ` (fewer than ` +
                  `${data.min_support} positives to choose its own); at ${data.working_threshold} it is ${show(tags.f1_fixed[i], 3)}`);
     return notes;
   }
@@ -157,7 +160,8 @@
     const box = el("div", { class: "detail" });
     const left = el("div", {}, curve(i),
       el("div", { class: "note" }, tags.validation[i] ? `red dot: threshold ${show(tags.threshold[i], 3)}` +
-        (tags.calibrated[i] ? " (its own)" : " (the global one: too few positives to calibrate)") :
+        (tags.calibrated[i] ? " (its own)" : withheld(i) ? " (withheld: never emitted by default)" :
+         " (the fallback: no reliable threshold of its own)") :
         "no positive in the validation split: no curve"));
     const right = el("div", {});
     const worst = (kind, title, mark, wrongWhen) => {

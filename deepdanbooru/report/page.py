@@ -64,8 +64,9 @@ def render(title: str, run_rows, figure_rows, charts: dict, data: dict, vocabula
 <div class="charts">{chart_html or '<p class="note">No history (logs/history.jsonl) to draw.</p>'}</div>
 <h2 id="tags">Tags</h2>
 <p class="note">Click a column to sort, a row to open its precision-recall curve and its worst pictures.
-F1, precision and recall are at the tag's threshold; "(global)" marks a tag with too few validation positives to
-calibrate its own. Sorting by a figure puts such tags after the others: their figures rest on a few pictures.</p>
+F1, precision and recall are at the tag's default threshold; "(fallback)" marks a tag without a reliable threshold
+of its own (too few validation positives, a low AP or no gain over the working threshold), "(withheld)" one the
+default thresholds never emit. Sorting by a figure puts such tags after the others: their figures rest on a few pictures.</p>
 <div class="controls"><input id="tag-filter" type="search" placeholder="filter by name" aria-label="filter tags by name">
 <select id="tag-category" aria-label="category"><option value="">every category</option></select>
 <button id="tag-previous">previous</button><button id="tag-next">next</button><span id="tag-count" class="note"></span></div>

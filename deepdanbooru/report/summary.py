@@ -194,8 +194,10 @@ def figure_rows(result: dict) -> list[tuple[str, str, str]]:
         ("mAP", f"{result['map']:.4f}", f"{tags}; no threshold"),
         ("macro-F1", f"{result['macro_f1']:.4f}", f"{tags}, each at the working threshold {result['threshold']:g}"),
         ("calibrated macro-F1", f"{result['calibrated_macro_f1']:.4f}",
-         f"{tags}: {calibrated:,} at their own F1-best threshold (at least {result['min_support']} positives), "
-         f"{rest:,} at the global threshold {result['global_threshold']:g}, as the *.thresholds.csv gives them. "
+         f"{tags}: {calibrated:,} at their own F1-best threshold (where validation supports one: at least "
+         f"{result['min_support']} positives, an AP and a gain over {result['threshold']:g}), {rest:,} at the "
+         f"fallback {result.get('fallback_threshold', result['global_threshold']):g} or withheld "
+         f"({result.get('withheld_tags', 0):,} tags never emitted), as the *.thresholds.csv gives them to evaluate. "
          f"The calibrated tags: {shown('calibrated_tags_f1')} (at {result['threshold']:g}: "
          f"{shown('calibrated_tags_f1_at_threshold')}); the others: {shown('fallback_tags_f1')} "
          f"(at {result['threshold']:g}: {shown('fallback_tags_f1_at_threshold')})"),

@@ -38,6 +38,7 @@ def tag_columns(tags, categories, train_counts, validation_counts, result, sourc
         "recall": _round(per_tag["recall"]),
         "threshold": _round(per_tag["threshold"], 3),
         "calibrated": [bool(value) for value in per_tag["calibrated"]],
+        "withheld": [bool(value) for value in per_tag["withheld"]],
         "f1_fixed": _round(f1_fixed),
         "precision_fixed": _round(precision_fixed),
         "recall_fixed": _round(recall_fixed),

@@ -172,8 +172,9 @@ def test_the_final_export_mixes_the_start_with_the_averaged_weights_at_the_best_
     alpha = chosen["alpha"]
     assert chosen["metric"] == "map" and set(chosen["tried"]) == {"0", "0.5", "1"}
     assert chosen["tried"][f"{alpha:g}"] == max(chosen["tried"].values()) == pytest.approx(metrics["metrics"]["map"])
-    assert any(line.startswith(f"wise_ft: {FINAL} holds {1 - alpha:g} x the start + {alpha:g} x the trained "
-                               "weights, the best validation mAP of the mixes tried (0: ") for line in lines)
+    held = "the trained weights (a = 1)" if alpha == 1 else f"{1 - alpha:g} x the start + {alpha:g} x the trained weights"
+    assert any(line.startswith(f"wise_ft: {FINAL} holds {held}, the best validation mAP of the mixes tried (0: ")
+               for line in lines)
     history = [row for row in read_history(project / "logs" / "history.jsonl") if row.get("kind") == "validation"]
     assert history[-1]["trigger"] == "wise_ft" and history[-1]["map"] == pytest.approx(metrics["metrics"]["map"])
 

@@ -80,7 +80,8 @@ class Outputs:
             write_sidecars(path, self.plan.tags, report, {"wise_ft": {
                 "alpha": alpha, "metric": CHOICE_METRIC, "tried": {f"{a:g}": value for a, value in tried.items()}}})
         figures = ", ".join(f"{a:g}: {value:.4f}" for a, value in tried.items())
-        self.echo(f"wise_ft: {path.name} holds {1 - alpha:g} x the start + {alpha:g} x the trained weights, the best "
-                  f"validation mAP of the mixes tried ({figures})")
+        held = "the trained weights (a = 1)" if alpha == 1.0 else \
+            f"{1 - alpha:g} x the start + {alpha:g} x the trained weights"
+        self.echo(f"wise_ft: {path.name} holds {held}, the best validation mAP of the mixes tried ({figures})")
         return written
 

@@ -125,6 +125,8 @@ def test_a_picture_that_is_not_square_is_explained(checked, tmp_path):
     ("no_model", "model.onnx: not found: BUNDLE must be a folder export-bundle wrote"),
     ("other_tags", "line 6: tag 'not_a_tag' is not one of the model's tags (a bundle of another model?)"),
     ("not_a_number", "line 6: best_threshold 'high' is not a number"),
+    ("not_onnx", "model.onnx: onnxruntime cannot open it: "),
+    ("no_pictures", "no image files found"),
 ])
 def test_bad_bundles_get_one_line(checked, tmp_path, case, message):
     project, _, bundle, pictures = checked
@@ -135,8 +137,14 @@ def test_bad_bundles_get_one_line(checked, tmp_path, case, message):
         (target / "model.onnx").unlink()
     elif case == "other_tags":
         target = copy_bundle(bundle, tmp_path / "b", lambda rows: rows[5].__setitem__(1, "not_a_tag"))
-    else:
+    elif case == "not_a_number":
         target = copy_bundle(bundle, tmp_path / "b", lambda rows: rows[5].__setitem__(4, "high"))
+    elif case == "not_onnx":
+        target = copy_bundle(bundle, tmp_path / "b")
+        (target / "model.onnx").write_text("not a model")
+    else:
+        target, pictures = bundle, tmp_path / "empty"
+        pictures.mkdir()
     result = run_cli("check-bundle", target, pictures, "--project-path", project)
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1 and message in result.output and "Traceback" not in result.output

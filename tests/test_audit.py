@@ -830,7 +830,10 @@ def test_the_summary_names_unaudited_tags_each_models_figures_and_says_when_they
     weak = validation_figures("fold 2 of 2", given[:, 6:], scores[:, 6:])
     assert too_weak([strong]) is None
     warning = too_weak([strong, weak])
-    assert warning.startswith("the scoring models are too weak for their suggestions to mean much (fold 2 of 2: mAP")
+    assert (strong["tags_judged"], strong["tags_separated"]) == (6, 6)
+    assert (weak["tags_judged"], weak["tags_separated"]) == (2, 0)
+    assert warning.startswith("the scoring models are too weak for their suggestions to mean much: on the posts they "
+                              "did not see, fold 2 of 2 separates 0 of 2 (mAP")
     assert "fold 1 of 2" not in warning
 
     # finish() writes them into audit.json and says them, a short fold's advice included.

@@ -754,9 +754,10 @@ def export_bundle(project_path, save_path, model_path, split, start_id, end_id, 
 
     model.onnx (BGR 0-255 white-padded square input; conversion and resize
     folded in; four WD rating rows, then general, then character),
-    selected_tags.csv with per-tag thresholds, metrics.json and
-    preprocess.json, measured on pictures fed as the tools feed them; see
-    docs/evaluation.md. Needs the optional packages: pip install 'deepdanbooru[onnx]'.
+    selected_tags.csv with the per-tag thresholds evaluate uses (the
+    model's *.thresholds.csv), metrics.json and preprocess.json, measured
+    on pictures fed as the tools feed them; check-bundle compares it with
+    evaluate; see docs/evaluation.md. Needs the optional packages: pip install 'deepdanbooru[onnx]'.
     """
     from deepdanbooru.inference.bundle import export_bundle as export
 

@@ -833,7 +833,7 @@ def test_the_summary_names_unaudited_tags_each_models_figures_and_says_when_they
     assert (strong["tags_judged"], strong["tags_separated"]) == (6, 6)
     assert (weak["tags_judged"], weak["tags_separated"]) == (2, 0)
     assert warning.startswith("the scoring models are too weak for their suggestions to mean much: on the posts they "
-                              "did not see, fold 2 of 2 separates 0 of 2 (mAP")
+                              "did not see, fold 2 of 2 separates 0 of the 2 tags it can be judged on (mAP")
     assert "fold 1 of 2" not in warning
 
     # finish() writes them into audit.json and says them, a short fold's advice included.

@@ -53,10 +53,10 @@ def too_weak(validation: list[dict]) -> str | None:
             if figures["tags_separated"] < WEAK_SHARE * figures["tags_judged"] or not figures["tags_judged"]]
     if not weak:
         return None
-    named = "; ".join(f"{figures['model']} separates {figures['tags_separated']:,} of {figures['tags_judged']:,} "
-                      f"(mAP {figures['map']}, mean AUC {figures['mean_auc']})" for figures in weak)
+    named = "; ".join(f"{figures['model']} separates {figures['tags_separated']:,} of the {figures['tags_judged']:,} "
+                      f"tags it can be judged on (mAP {figures['map']}, mean AUC {figures['mean_auc']})" for figures in weak)
     return (f"the scoring models are too weak for their suggestions to mean much: on the posts they did not see, "
-            f"{named} of the tags it could be judged on (AUC {MIN_AUC} or more, {MIN_CARRIERS} or more carriers); "
+            f"{named}, where separating means an AUC of {MIN_AUC} or more over {MIN_CARRIERS} or more carriers; "
             "only rows with a high probability are worth a look, and a better model (longer --time-limit, a "
             "stronger --model-path) will find more")
 

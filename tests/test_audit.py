@@ -759,9 +759,12 @@ def test_a_fold_stopped_by_the_time_limit_says_how_far_it_trained_in_the_audits_
     lines = []
     watch = TrainingWatch(lines.append)
     watch("Epoch 1/200")
+    watch('Validation: off. To measure the model on held-out records, set "validation_fraction": 0.05 in p.json')
     watch("Stopped for the time limit after 1m30s at epoch 2/200, record 5/40, step 9: ckpt and model.keras are "
           "written. To continue from there, run train-project again, e.g. deepdanbooru train-project fold")
-    assert lines == ["Epoch 1/200"]  # the trainer's advice does not apply to a fold
+    # The trainer's advice does not apply to a fold.
+    assert lines == ["Epoch 1/200", "Validation: the fold's own posts, scored after training (it trains on all the "
+                                    "others)"]
     trained = watch.trained(SimpleNamespace(used_epoch=1, offset=10), 40, 90.0)
     assert trained == {"epochs": 1.25, "planned": 200, "stopped": True, "seconds": 90.0}
     assert describe_training("fold 1 of 3", trained) == (

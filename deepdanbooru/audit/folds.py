@@ -216,11 +216,13 @@ def write_fold_scores(fold: Fold, ids, scores, trained: dict) -> None:
 
 
 STOP_LINE = "Stopped for the time limit"
+VALIDATION_OFF = "Validation: off."
 
 
 class TrainingWatch:
-    """Passes train-project's lines on, except its time-limit stop: a fold is not resumed by running
-    train-project again, so that line's advice is replaced by the audit's own (`describe`)."""
+    """Passes train-project's lines on, except two whose advice does not fit a fold: its time-limit stop (a
+    fold is not resumed by running train-project again; the audit gives its own advice, describe_training)
+    and "Validation: off" (a fold trains on all its posts by design: the fold it scores is its validation)."""
 
     def __init__(self, echo):
         self.echo = echo
@@ -229,6 +231,9 @@ class TrainingWatch:
 
     def __call__(self, line) -> None:
         text = str(line)
+        if text.startswith(VALIDATION_OFF):  # its advice (set validation_fraction) would not apply to a fold
+            self.echo("Validation: the fold's own posts, scored after training (it trains on all the others)")
+            return
         if text.startswith(STOP_LINE):
             self.stopped = True
             found = re.search(r"at epoch (\d+)/(\d+)", text)

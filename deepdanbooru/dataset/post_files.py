@@ -166,6 +166,7 @@ class PostFile:
         self.size = max(self.path.stat().st_size, 1)
         self.position = 0  # bytes of the file read so far (compressed bytes for a gzipped file)
         self.total = None  # posts in the file, where it says
+        self.last = None  # where the last whole post read stands ("line 12"), for a damaged file's message
 
     def chunks(self, chunk_size: int, start_id: int, end_id: int):
         """Yield lists of (row, where) with start_id <= id <= end_id; rows whose id is not an integer are
@@ -193,7 +194,6 @@ class PostFile:
             compressed = raw.read(2) == GZIP_MAGIC
             raw.seek(0)
             stream = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
-            self.last = None
             try:
                 if _peek_first(stream) == b"[":
                     yield from self._values(stream, raw, array=True)

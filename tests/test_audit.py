@@ -858,7 +858,8 @@ def test_the_summary_names_unaudited_tags_each_models_figures_and_says_when_they
     assert record["skipped_tags"] and all(set(item) == {"tag", "carriers", "auc"} for item in record["skipped_tags"])
     text = "\n".join(lines)
     assert "fold 1 of 2: mAP" in text and "it trained 1 of 200 epochs (stopped by --time-limit after 1m00s)" in text
-    assert "warning: fold 1 of 2, fold 2 of 2 stopped by --time-limit before half the epochs planned" in text
+    assert ("warning: fold 1 of 2, fold 2 of 2 stopped by --time-limit before half the epochs planned: their scores "
+            "are from models far from trained") in text
     assert "run train-project again" not in text and "fold-*/scores.npz and run the audit again" in text
     assert "warning: the scoring models are too weak" in text and "Not audited:" in text
     assert suggestions == [] and "0 suggestions" in lines[-2]

@@ -200,8 +200,9 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo, group
     if line:
         echo(line)
     if short:
+        their = "their scores are from models" if len(short) > 1 else "its scores are from a model"
         advice = (f"{', '.join(figures['model'] for figures in short)} stopped by --time-limit before half the "
-                  f"epochs planned: its scores are from a model far from trained. To train the folds further, "
+                  f"epochs planned: {their} far from trained. To train the folds further, "
                   f"delete {paths.root / AUDIT_DIR / 'folds'}/fold-*/{fold_room.SCORES_FILE} and run the audit "
                   f"again with a longer --time-limit (each fold resumes from its checkpoint), or set "
                   f"\"epoch_count\": \"fit\" so each fold plans the epochs its --time-limit allows")
@@ -214,7 +215,8 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo, group
     page = write_page(paths.root, suggestions, records)
     missing = sum(s.given == 0 for s in suggestions)
     floor = min((s.probability for s in suggestions), default=None)
-    echo(f"Audit: about {ranking.estimated_errors:,.0f} label errors estimated over {plural(len(kept), 'post')} "
+    estimated = round(ranking.estimated_errors)
+    echo(f"Audit: about {plural(estimated, 'label error')} estimated over {plural(len(kept), 'post')} "
          f"and {plural(int(ranking.audited.sum()), 'audited tag')}; {plural(len(suggestions), 'suggestion')} "
          f"({missing:,} missing, {len(suggestions) - missing:,} wrong"
          f"{f', probability {floor:.2f} and up' if floor is not None else ''}): {csv_path}")

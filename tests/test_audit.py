@@ -816,6 +816,7 @@ def test_the_default_list_stops_at_one_half_or_the_estimated_errors_and_top_and_
     loose = ranking.order(min_probability=0.2)
     assert len(loose) == int((ranking.probability >= 0.2).sum()) and probability(loose).min() >= 0.2
     assert len(ranking.order(top=3, min_probability=0.2)) == 3
+    assert len(ranking.order(min_probability=0.5)) == above_half  # a floor given: no cap
 
 
 def test_the_summary_names_unaudited_tags_each_models_figures_and_says_when_they_are_too_weak(tmp_path, own_dataset):

@@ -65,10 +65,10 @@ class Ranking:
         """The rows of the list: by default those at DEFAULT_MIN_PROBABILITY or more, no more than the estimated
         number of errors; --top N caps the count at N instead (no floor unless --min-probability), and
         --min-probability P sets the floor (no cap unless --top)."""
-        if min_probability is None:
-            min_probability = DEFAULT_MIN_PROBABILITY if top is None else 0.0
-        if top is None:
-            top = int(round(self.estimated_errors)) if min_probability == DEFAULT_MIN_PROBABILITY else None
+        if top is None and min_probability is None:
+            top, min_probability = int(round(self.estimated_errors)), DEFAULT_MIN_PROBABILITY
+        elif min_probability is None:
+            min_probability = 0.0
         rows = self.full_order()
         keep = self.probability[rows[:, 0], rows[:, 1]] >= min_probability
         rows = rows[keep]

@@ -12,8 +12,8 @@ from deepdanbooru.wording import plural
 # A model whose out-of-sample scores separate (AUC at ranking.MIN_AUC or more) fewer than this share of the
 # tags it could be judged on is called too weak: most of its suggestions would come from tags it does not
 # know. mAP is shown but not judged by: over many rare tags it stays low even where the common tags, which
-# hold most mistakes, are well known (docs/quality.md: mAP 0.20 folds whose first 100 rows held 99
-# injected mistakes).
+# hold most mistakes, are well known (docs/quality.md: emoji folds of mAP 0.28-0.33 whose first 100 rows
+# held 99 injected mistakes).
 WEAK_SHARE = 0.5
 NAMED_SKIPPED = 10  # the summary line names this many skipped tags; audit.json holds them all
 

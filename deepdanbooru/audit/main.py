@@ -68,7 +68,7 @@ def run_audit(project_path, *, folds: int | None = None, model_path=None, time_l
         kept, scores, columns = _outside_scores(outside, config, records, batch_size, echo)
         groups = [{"model": str(outside.path), "posts": kept}]
     return finish(paths, records, tags, kept, scores, columns, source, top, echo, groups=groups,
-                  min_probability=min_probability)
+                  min_probability=min_probability, seed=config.seed)
 
 
 def _fold_scores(paths, config, records, tags, fold_of, folds, time_limit, time_limit_text, batch_size, echo):
@@ -146,7 +146,7 @@ def _outside_scores(outside, config, records, batch_size, echo):
 
 
 def finish(paths, records, tags, kept, scores, columns, source, top, echo, groups=None,
-           min_probability: float | None = None) -> list[Suggestion]:
+           min_probability: float | None = None, seed: int = 0) -> list[Suggestion]:
     """Rank the scored labels and write audit.csv, its record and the page. groups: the scoring models,
     each {"model": name, "posts": indices into records, "trained": how far it trained (folds)}."""
     from deepdanbooru.audit import summary as summary_room
@@ -165,7 +165,7 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo, group
     audited = [tags[column] for column in columns]
     every_tag = given_matrix(records, tags)[kept]
     given = every_tag[:, columns]
-    votes = tag_votes(every_tag, columns, np.asarray(records.ids)[kept])
+    votes = tag_votes(every_tag, columns, np.asarray(records.ids)[kept], seed=seed)
     # The scores behind the ranking, for a closer look (bench/audit.py measures rankings on them).
     (paths.root / AUDIT_DIR).mkdir(parents=True, exist_ok=True)
     np.savez(paths.root / AUDIT_DIR / "scores.npz", ids=np.asarray(records.ids)[kept], given=given, scores=scores,

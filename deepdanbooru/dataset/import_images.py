@@ -6,7 +6,6 @@ so people with their own pictures can train without any network access.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -21,6 +20,7 @@ from PIL import Image
 from deepdanbooru.captions import DEFAULT_EXTENSION, caption_extension, caption_separator, parse_caption, read_caption
 from deepdanbooru.dataset import duplicates
 from deepdanbooru.dataset.build import POSTS_COLUMNS, POSTS_SCHEMA, RATING_TAGS, is_system_tag
+from deepdanbooru.dataset.intake import Intake
 from deepdanbooru.dataset.records import IMAGES_DIR, REQUIRED_COLUMNS, check_posts_table, image_path
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.fileio import create_beside
@@ -241,12 +241,12 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     temporary = None
     try:
         query = connection.execute if connection is not None else None
+        intake = Intake(known, max_id, placer, summary, query, (detect_format, _Unreadable, _post_values),
+                        KEY_BY_NAME["minimum_tag_count"].default)
         if shards:
-            rows, updates = tar_shards.collect(shards, known, max_id, placer, summary, caption_ext, query, separator,
-                                               extensions, KEY_BY_NAME["minimum_tag_count"].default,
-                                               (detect_format, _Unreadable, _post_values))
+            rows, updates = tar_shards.collect(shards, intake, caption_ext, separator, extensions)
         else:
-            rows, updates = _collect(images, src, known, max_id, placer, summary, caption_ext, query, separator)
+            rows, updates = _collect(images, src, intake, caption_ext, separator)
             _check_separator(summary, src, separator)
         if not rows and not existing:
             raise DatasetError(file_field(src, None, "no image could be imported "
@@ -321,14 +321,10 @@ def _update_posts(connection, columns, updates: list[tuple[int, dict]]) -> None:
                            (values["tag_string"], values["tag_count_general"], *extra, post_id))
 
 
-def _collect(images, src, known: dict, max_id: int, placer: _Placer, summary: ImportSummary,
-             caption_ext: str = DEFAULT_EXTENSION, query=None,
+def _collect(images, src, intake: Intake, caption_ext: str = DEFAULT_EXTENSION,
              separator: str = READ_SEPARATOR) -> tuple[list[dict], list[tuple[int, dict]]]:
     """(rows to insert, (post id, new values) for known images whose caption changed)."""
-    rows = []
-    updates: list[tuple[int, dict]] = []
-    first_path: dict[str, Path] = {}
-    minimum = KEY_BY_NAME["minimum_tag_count"].default
+    summary = intake.summary
     for path in images:
         sidecar = find_sidecar(path, caption_ext)
         if sidecar is None:
@@ -349,35 +345,8 @@ def _collect(images, src, known: dict, max_id: int, placer: _Placer, summary: Im
         except OSError as error:
             summary.unreadable.append((path, str(error)))
             continue
-        md5 = hashlib.md5(data).hexdigest()
-        if md5 in known and md5 not in first_path and query is not None:
-            stored = query("SELECT tag_string FROM posts WHERE id = ?", (known[md5],)).fetchone()[0] or ""
-            if set(stored.split()) != set(tags):
-                first_path[md5] = path
-                updates.append((known[md5], _post_values(tags)))
-                summary.updated.append((path, known[md5]))
-                continue
-        if md5 in known or md5 in first_path:
-            where = first_path[md5].relative_to(src).as_posix() if md5 in first_path else "the existing dataset"
-            summary.duplicates.append((path, where))
-            continue
-        try:
-            ext = detect_format(data)
-        except _Unreadable as error:
-            summary.unreadable.append((path, str(error)))
-            continue
-        placer.place(path, data, md5, ext)
-        first_path[md5] = path
-        values = _post_values(tags)
-        post_id = max_id + len(rows) + 1
-        rows.append({"id": post_id, "md5": md5, "file_ext": ext, **values, "score": None, "is_deleted": 0})
-        summary.few_tags += values["tag_count_general"] < minimum
-        if ext not in DEEPDANBOORU_EXTENSIONS:
-            summary.wider_formats[ext] = summary.wider_formats.get(ext, 0) + 1
-    summary.imported = len(rows)
-    if rows:
-        summary.first_id, summary.last_id = rows[0]["id"], rows[-1]["id"]
-    return rows, updates
+        intake.add(path, data, tags, _post_values(tags), path.relative_to(src).as_posix(), path)
+    return intake.finish()
 
 
 def _report(summary: ImportSummary, dataset: Path, echo, warn, project=None) -> None:

@@ -10,7 +10,6 @@ a picture from a folder is.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tarfile
@@ -22,7 +21,6 @@ from deepdanbooru.captions import parse_caption
 from deepdanbooru.dataset.build import with_rating_tag
 from deepdanbooru.dataset.post_files import ReadSummary, post_row, short_reason
 from deepdanbooru.errors import DatasetError, file_field
-from deepdanbooru.formats import DEEPDANBOORU_EXTENSIONS
 
 POST_EXTENSION = "json"
 COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
@@ -176,19 +174,14 @@ def _with_file_ext(post):
     return {**post, "file_ext": post.get("file_ext", "")} if isinstance(post, dict) else post
 
 
-
-def collect(shards, known: dict, max_id: int, placer, summary, caption_ext: str, query, separator: str,
-            extensions, minimum: int, pictures):
+def collect(shards, intake, caption_ext: str, separator: str, extensions):
     """(rows to insert, (post id, new values) for known pictures whose tags changed), as import_images._collect
-    gives for a folder; problems are added to `summary` and the rest is imported.
-
-    pictures: import-images' own (detect_format, the error it raises, post_values), so a picture and its tags
-    are judged exactly as from a folder.
+    gives for a folder, through the same intake (dataset.intake.Intake), so a picture and its tags are judged
+    exactly as from a folder; problems are added to intake.summary and the rest is imported.
     """
-    detect_format, unreadable, post_values = pictures
+    summary = intake.summary
     caption_ext = caption_ext.lstrip(".").lower()
     extensions = tuple(extensions)
-    rows, updates, first = [], [], {}
     for shard in shards:
         for sample in samples(shard, extensions, caption_ext, summary.malformed):
             picture = next((ext for ext in sample.members if ext in extensions), None)
@@ -209,34 +202,8 @@ def collect(shards, known: dict, max_id: int, placer, summary, caption_ext: str,
             if not tags:
                 summary.untagged.append((where, f"{source[len(str(shard)) + 1:]} holds no tags"))
                 continue
-            data = sample.members[picture][1]
-            md5 = hashlib.md5(data).hexdigest()
-            values = post_values(tags)
+            values = intake.post_values(tags)
             if general is not None:  # the post object's own count of general tags
                 values["tag_count_general"] = general
-            if md5 in known and md5 not in first and query is not None:
-                stored = query("SELECT tag_string FROM posts WHERE id = ?", (known[md5],)).fetchone()[0] or ""
-                if set(stored.split()) != set(tags):
-                    first[md5] = where
-                    updates.append((known[md5], values))
-                    summary.updated.append((where, known[md5]))
-                    continue
-            if md5 in known or md5 in first:
-                summary.duplicates.append((where, first.get(md5, "the existing dataset")))
-                continue
-            try:
-                ext = detect_format(data)
-            except unreadable as error:
-                summary.unreadable.append((where, str(error)))
-                continue
-            placer.place(None, data, md5, ext)
-            first[md5] = where
-            post_id = max_id + len(rows) + 1
-            rows.append({"id": post_id, "md5": md5, "file_ext": ext, **values, "score": None, "is_deleted": 0})
-            summary.few_tags += values["tag_count_general"] < minimum
-            if ext not in DEEPDANBOORU_EXTENSIONS:
-                summary.wider_formats[ext] = summary.wider_formats.get(ext, 0) + 1
-    summary.imported = len(rows)
-    if rows:
-        summary.first_id, summary.last_id = rows[0]["id"], rows[-1]["id"]
-    return rows, updates
+            intake.add(where, sample.members[picture][1], tags, values, where)
+    return intake.finish()

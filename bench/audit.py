@@ -3,7 +3,7 @@
     python bench/audit.py [--count 2000] [--test 500] [--outside 1500] [--size 64] [--fold-time 3m]
                           [--train-time 3m] [--retrain-epochs 10] [--work DIR] [--out audit-results]
     python bench/audit.py --emoji DATASET_DIR [--count 1500] [--fold-time 4m] [--model-path MODEL]
-                          [--skip folds|model] [--work DIR] [--out audit-results]
+                          [--skip folds|model] [--seed 0] [--work DIR] [--out audit-results]
 
 --emoji measures drawn pictures instead (emoji_case): --count posts of a dataset folder (the transfer
 bench's finetune/), one of the 30 most carried tags removed from 12% of the posts and one added to 6%
@@ -202,11 +202,11 @@ def emoji_case(args) -> None:
     log = args.out / "audit-emoji.log"
     data = work / "data"
     if not (data / "injected.json").is_file():
-        emoji_subset(args.emoji, data, args.count)
-        injected = inject_common(data / "dataset.sqlite")
+        emoji_subset(args.emoji, data, args.count, args.seed)
+        injected = inject_common(data / "dataset.sqlite", args.seed)
         (data / "injected.json").write_text(json.dumps(sorted(injected)) + "\n")
     injected = {tuple(pair) for pair in json.loads((data / "injected.json").read_text())}
-    results = {"data": str(args.emoji), "count": args.count, "injected": len(injected)}
+    results = {"data": str(args.emoji), "count": args.count, "seed": args.seed, "injected": len(injected)}
     recipe = dict(EMOJI_RECIPE)
     runs = []
     if "model" not in args.skip and args.model_path is not None:
@@ -302,6 +302,7 @@ def main() -> None:
                         "finetune/): measure on it instead of the generated shapes (see emoji_case)")
     parser.add_argument("--model-path", type=Path, help="with --emoji: the tagger for the --model-path audit")
     parser.add_argument("--skip", default="", help="with --emoji: 'folds' or 'model' to leave that audit out")
+    parser.add_argument("--seed", type=int, default=0, help="with --emoji: the draw of the posts and the mistakes")
     args = parser.parse_args()
     if args.emoji is not None:
         return emoji_case(args)

@@ -94,8 +94,9 @@ class TimeBudget:
         return EXPORT_PER_CHECKPOINT * self.longest_checkpoint + self.longest_validation
 
     def final_extra(self) -> float:
-        """Seconds the last export takes beyond an ordinary one (wise_ft's validations)."""
-        return self.final_validations * self.longest_validation
+        """Seconds the last export takes beyond an ordinary one (wise_ft's validations), at the pace of the latest
+        validation: the first, which also traces and compiles, would reserve several times what they take."""
+        return self.final_validations * (self.recent_validation or self.longest_validation)
 
     def needed(self, exports: int) -> float:
         """Seconds one more slice and then `exports` exports take (the last one the run's last), margin

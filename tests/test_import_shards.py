@@ -289,3 +289,44 @@ def test_group_duplicates_from_shards(tmp_path):
     connection = sqlite3.connect(tmp_path / "d" / "dataset.sqlite")
     assert "split_id" in {row[1] for row in connection.execute("PRAGMA table_info(posts)")}
     connection.close()
+
+
+def test_a_caption_separator_no_caption_in_the_shards_holds_is_refused_before_a_picture_is_written(tmp_path,
+                                                                                                 monkeypatch):
+    """The folder road's check, on the captions a shard holds (post objects are not captions): refused after a
+    first pass over the captions, before any picture is placed or the database written."""
+    from deepdanbooru.dataset import import_images
+
+    placed = []
+    place = import_images._Placer.place
+    monkeypatch.setattr(import_images._Placer, "place", lambda self, *args: placed.append(args) or place(self, *args))
+    shard = write_shard(tmp_path / "s.tar", [*caption_sample(1, "smile,cat\n"), *json_sample(2),
+                                             *caption_sample(3, "grinning face, face")])
+    dataset = tmp_path / "d"
+    refused = invoke(shard, dataset, "--caption-separator", "|")
+    assert refused.exit_code == 2 and not dataset.exists() and placed == []
+    assert refused.output == (
+        f"error: {shard}: --caption-separator '|': none of the 2 caption files read holds '|': 1 of them was read as "
+        "one tag (s.tar:000001.txt: 'smile,cat') and the others split at spaces or line breaks; give the separator "
+        "your captions use (',' when the option is left out)\n")
+    assert invoke(shard, dataset).exit_code == 0 and len(posts(dataset)) == 3
+    before = posts(dataset)
+    again = invoke(write_shard(tmp_path / "t.tar", caption_sample(4, "a, b")), dataset, "--caption-separator", ";")
+    assert again.exit_code == 2 and "none of the 1 caption file read holds ';'" in again.output
+    assert posts(dataset) == before and len(placed) == 3
+
+
+def test_the_first_caption_holding_the_separator_ends_the_first_pass(tmp_path, monkeypatch):
+    """A separator the captions use costs one caption's reading more, not a second pass over the shard."""
+    from deepdanbooru.dataset import tar_shards
+
+    read = []
+    parse = tar_shards.parse_caption
+    monkeypatch.setattr(tar_shards, "parse_caption", lambda text, separator: read.append(text) or parse(text,
+                                                                                                         separator))
+    shard = write_shard(tmp_path / "s.tar", [*caption_sample(1, "long hair | smile"), *caption_sample(2, "cat"),
+                                             *caption_sample(3, "a | b")])
+    result = invoke(shard, tmp_path / "d", "--caption-separator", " | ")
+    assert result.exit_code == 0, result.output
+    assert [row[3] for row in posts(tmp_path / "d")] == ["long_hair smile", "cat", "a b"]
+    assert read == ["long hair | smile", "long hair | smile", "cat", "a | b"]

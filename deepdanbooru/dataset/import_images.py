@@ -53,10 +53,10 @@ class ImportSummary:
     updated: list[tuple[Path, int]] = field(default_factory=list)  # (path, post id) whose caption changed
     malformed: list[tuple[str, str]] = field(default_factory=list)  # tar shards: bad post objects, damaged shards
     few_tags: int = 0
-    captions_read: int = 0  # caption files read from a folder, those holding the separator's mark, and those read as
-    captions_with_separator: int = 0  # one tag: a separator no caption holds is named with them (_check_separator)
+    captions_read: int = 0  # caption files read (from a folder or shards), those holding the separator's mark and
+    captions_with_separator: int = 0  # those read as one tag: a separator no caption holds is named with them
     one_tag: int = 0
-    one_tag_example: tuple[Path, str] | None = None
+    one_tag_example: tuple[str, str] | None = None  # (caption's name, its text)
     wider_formats: dict[str, int] = field(default_factory=dict)  # file_ext -> images not in the default formats
 
 
@@ -244,6 +244,9 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
         intake = Intake(known, max_id, placer, summary, query, (detect_format, _Unreadable, _post_values),
                         KEY_BY_NAME["minimum_tag_count"].default)
         if shards:
+            if separator_to_check(separator):  # a first pass over the captions, so a refusal writes nothing
+                tar_shards.read_captions(shards, extensions, caption_ext, separator, intake.caption)
+                _check_separator(summary, src, separator)
             rows, updates = tar_shards.collect(shards, intake, caption_ext, separator, extensions)
         else:
             rows, updates = _collect(images, src, intake, caption_ext, separator)
@@ -290,14 +293,20 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     return summary
 
 
+def separator_to_check(separator: str) -> bool:
+    """Whether _check_separator can refuse `separator`: one with a mark, other than the default's."""
+    mark = separator.strip()
+    return bool(mark) and mark != READ_SEPARATOR.strip()
+
+
 def _check_separator(summary: ImportSummary, src: Path, separator: str) -> None:
     """A --caption-separator other than the default that no caption file holds is the wrong one: each caption was
     read as one tag or split at spaces, not at it. Refused, with how many captions it made one tag."""
     mark = separator.strip()
-    if not mark or mark == READ_SEPARATOR.strip() or not summary.captions_read or summary.captions_with_separator:
+    if not separator_to_check(separator) or not summary.captions_read or summary.captions_with_separator:
         return
     ones, first = summary.one_tag, summary.one_tag_example
-    example = f" ({first[0].name}: {first[1]!r})" if first else ""
+    example = f" ({first[0]}: {first[1]!r})" if first else ""
     others = " and the others split at spaces or line breaks" if ones < summary.captions_read else ""
     raise UserError(file_field(src, None, (
         f"--caption-separator {separator!r}: none of the {plural(summary.captions_read, 'caption file')} read holds "
@@ -332,11 +341,7 @@ def _collect(images, src, intake: Intake, caption_ext: str = DEFAULT_EXTENSION,
             continue
         text = read_caption(sidecar)
         tags = parse_caption(text, separator)
-        summary.captions_read += 1
-        summary.captions_with_separator += separator.strip() in text
-        if len(tags) == 1:
-            summary.one_tag += 1
-            summary.one_tag_example = summary.one_tag_example or (sidecar, text.strip())
+        intake.caption(sidecar.name, text, tags, separator.strip())
         if not tags:
             summary.untagged.append((path, f"{sidecar.name} holds no tags"))
             continue

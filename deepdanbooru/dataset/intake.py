@@ -55,6 +55,18 @@ class Intake:
         if ext not in DEEPDANBOORU_EXTENSIONS:
             summary.wider_formats[ext] = summary.wider_formats.get(ext, 0) + 1
 
+    def caption(self, name: str, text: str, tags: list[str], mark: str) -> bool:
+        """Count one caption read (with its tags) for the separator check: whether it holds the separator's mark
+        (returned), and whether it was read as one tag (the first such named by `name`)."""
+        summary = self.summary
+        held = mark in text
+        summary.captions_read += 1
+        summary.captions_with_separator += held
+        if len(tags) == 1:
+            summary.one_tag += 1
+            summary.one_tag_example = summary.one_tag_example or (name, text.strip())
+        return held
+
     def finish(self) -> tuple[list[dict], list[tuple[int, dict]]]:
         """(rows, updates); the summary counts the rows and their ids."""
         self.summary.imported = len(self.rows)

@@ -94,9 +94,10 @@ class Sample:
         return f"{self.shard}:{self.members[extension][0]}"
 
 
-def samples(shard: Path, extensions, caption_ext: str, problems: list):
+def samples(shard: Path, extensions, caption_ext: str, problems: list, skip=()):
     """Yield the Samples of one shard in order; a shard that cannot be opened, is truncated or is damaged is
-    named in `problems` (with the last good member) and what came before it is yielded."""
+    named in `problems` (with the last good member) and what came before it is yielded. Members with an extension
+    in `skip` are kept without their bytes (b"")."""
     wanted = set(extensions) | {POST_EXTENSION, caption_ext}
     current, last_good = None, None
     try:
@@ -119,7 +120,7 @@ def samples(shard: Path, extensions, caption_ext: str, problems: list):
                         problems.append((f"{shard}:{name}", "is a link or a device, not a file; skipped"))
                         last_good = name
                         continue
-                    data = archive.extractfile(member).read()
+                    data = b"" if extension in skip else archive.extractfile(member).read()
                     if current is None:
                         current = Sample(shard, key)
                     current.members.setdefault(extension, (name, data))
@@ -161,12 +162,35 @@ def sample_tags(sample: Sample, caption_ext: str, separator: str) -> tuple[list[
         tag_string, _ = with_rating_tag(tag_string, row[5])
         tags = list(dict.fromkeys(tag_string.split()))
         return tags, where, general if isinstance(general, int) and not isinstance(general, bool) else None
+    text, where = caption_text(sample, caption_ext)
+    return (None if text is None else parse_caption(text, separator)), where, None
+
+
+def caption_text(sample: Sample, caption_ext: str) -> tuple[str | None, str]:
+    """(the caption's text, where it is), or (None, why it cannot be read)."""
     where = sample.where(caption_ext)
     try:
-        text = sample.members[caption_ext][1].decode("utf-8-sig")
+        return sample.members[caption_ext][1].decode("utf-8-sig"), where
     except UnicodeDecodeError as error:
-        return None, f"{where}: is not UTF-8 text (byte at offset {error.start})", None
-    return parse_caption(text, separator), where, None
+        return None, f"{where}: is not UTF-8 text (byte at offset {error.start})"
+
+
+def read_captions(shards, extensions, caption_ext: str, separator: str, tally) -> None:
+    """A first pass over the captions collect will read (a caption beside a picture and no post object), the
+    pictures' bytes passed over: each caption goes to tally(name, text, tags, mark) until it returns True (the
+    separator's mark found). Problems are left for collect to name."""
+    caption_ext = caption_ext.lstrip(".").lower()
+    extensions, mark = tuple(extensions), separator.strip()
+    for shard in shards:
+        for sample in samples(shard, extensions, caption_ext, [], skip=extensions):
+            members = sample.members
+            has_picture = any(ext in members for ext in extensions)
+            if not has_picture or POST_EXTENSION in members or caption_ext not in members:
+                continue
+            text, _ = caption_text(sample, caption_ext)
+            if text is not None and tally(f"{shard.name}:{members[caption_ext][0]}", text,
+                                          parse_caption(text, separator), mark):
+                return
 
 
 def _with_file_ext(post):

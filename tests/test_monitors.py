@@ -259,7 +259,7 @@ def test_best_model_replaced_only_on_improvement(tmp_path, metric, values, saved
     assert best["value"] == values[saved_at[-1] - 1] and best["used_minibatch"] == saved_at[-1]
     assert best["previous"] == values[saved_at[-2] - 1] and best["metrics"][metric] == best["value"]
     assert (tmp_path / "model-tiny.best.thresholds.csv").read_text().splitlines()[0] == \
-        "tag,threshold,precision,recall,f1,support"
+        "tag,threshold,precision,recall,f1,support,ap,use,reason"
     assert json.loads((tmp_path / "model-tiny.best.metrics.json").read_text())["used_minibatch"] == saved_at[-1]
     assert not list(tmp_path.glob(".*"))  # no temporary left
     assert monitor.state.get().value == values[saved_at[-1] - 1]

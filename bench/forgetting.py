@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--source-tags", type=Path)
     parser.add_argument("--alphas", default="1", help="comma-separated WiSE-FT mixing weights (1: the export)")
     parser.add_argument("--min-positives", type=int, default=10)
+    parser.add_argument("--also-min-positives", type=int, help="the known-tag figures again at this minimum")
     parser.add_argument("--loss", type=float, default=0.02)
     parser.add_argument("--out", type=Path, default=Path("forgetting.json"))
     args = parser.parse_args(argv)
@@ -171,10 +172,19 @@ def main(argv=None) -> int:
             key = alpha if alpha == "best" else f"{alpha:g}"
             rows[key] = goals(start_file["ap"], start_file["support"], ap, new_tags, args.min_positives, args.loss)
             row = rows[key]
+            if args.also_min_positives:  # the same figures over the known tags of fewer positives too
+                wider = goals(start_file["ap"], start_file["support"], ap, new_tags, args.also_min_positives, args.loss)
+                row["wider"] = {"min_positives": args.also_min_positives,
+                                **{k: v for k, v in wider.items() if k.startswith("known")}}
             print(f"{project.name} {name}: mAP {row['map']:.4f}; known tags ({row['known_tags']}) "
                   f"{row['known_map_before']:.4f} -> {row['known_map_after']:.4f}, lost {row['known_lost']} "
                   f"({row['known_lost_share']:.1%}), gained {row['known_gained']}; new tags ({row['new_tags']}) "
                   f"mAP {row['new_map']:.4f}", flush=True)
+            if "wider" in row:
+                wide = row["wider"]
+                print(f"    known tags with >= {wide['min_positives']} positives ({wide['known_tags']}): "
+                      f"{wide['known_map_before']:.4f} -> {wide['known_map_after']:.4f}, lost {wide['known_lost']} "
+                      f"({wide['known_lost_share']:.1%}), gained {wide['known_gained']}", flush=True)
         results[str(project)] = {"export": str(export), "best": str(best), "validation_records": measurer.records,
                                  "source_map": start_file["map"], "alphas": rows}
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -22,8 +22,9 @@ needs_onnx = pytest.mark.skipif(not onnx_available(), reason="needs tf2onnx and 
 TIMM = Path(__file__).parent / "fixtures" / "timm"
 # The rows mapped as a bundle maps them: reordered, with a constant rating row reading no output.
 SOURCES = [2, None, 0, 4, 1, 3]
+FAST_ROWS = ("resnet_small",)
 SLOW_ROWS = ("convnext_tiny", "efficientnetv2_b0", "vit_small_patch16")
-# Same layers as a row above (or resnet_small, tests/test_bundle.py), only more of them: bench/bundle_networks.py.
+# Same layers as a row above, only more of them: bench/bundle_networks.py.
 BENCH_ROWS = ("resnet_custom_v1", "resnet_custom_v2", "resnet_custom_v3", "resnet_custom_v4", "convnext_small",
               "efficientnetv2_s", "resnet_152")
 FAMILIES = ("vit_wd", "convnext_wd", "eva02_wd")
@@ -56,7 +57,7 @@ def _row(name):
 def test_every_model_row_is_covered():
     from deepdanbooru.models import model_names
 
-    assert set(SLOW_ROWS) | set(BENCH_ROWS) | {"resnet_small"} == set(model_names())
+    assert set(FAST_ROWS) | set(SLOW_ROWS) | set(BENCH_ROWS) == set(model_names())
 
 
 @needs_onnx
@@ -74,8 +75,7 @@ def test_a_constant_outside_the_variables_is_part_of_the_graph_not_an_input():
 
 
 @needs_onnx
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SLOW_ROWS)
+@pytest.mark.parametrize("name", [*FAST_ROWS, *(pytest.param(name, marks=pytest.mark.slow) for name in SLOW_ROWS)])
 def test_model_row_converts_for_the_tools(name):
     model, size = _row(name)
     difference, samples = _converted(model, size)

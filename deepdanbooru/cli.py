@@ -393,7 +393,8 @@ def download_tags(path, username, api_key, limit, minimum_post_count, overwrite,
               help="The caption files' extension (IMAGE.caption with .caption).")
 @click.option("--caption-separator", default=",", show_default=True,
               help="The string between tags in the caption files (the spaces around it do not matter: ' | ' "
-                   "reads as '|'; whitespace alone: ' ' or a tab between tags, a line break for one tag a line).")
+                   "reads as '|'; whitespace alone: ' ' or a tab between tags, a line break for one tag a line). "
+                   "One other than the default that no caption holds is refused, with nothing written.")
 def import_images(src, dataset, link, extensions, group_duplicates, project_path, caption_extension,
                   caption_separator):
     """Import SRC (a folder of images with same-name .txt tag files, or tar shards) into DATASET.

@@ -137,7 +137,8 @@ EMOJI_RECIPE = {  # the source tagger's own recipe (bench/transfer_recipes.json 
     "validation_frequency_slices": 1, "validation_threshold": 0.5, "checkpoint_frequency_mb": 100,
     "console_logging_frequency_mb": 10, "epoch_count": "fit", "mixed_precision": False, "image_width": 64,
     "image_height": 64, "model": "resnet_small", "optimizer": "adamw", "weight_decay": 0.05, "learning_rate": 0.002,
-    "learning_rates": [{"used_fraction": 0.675, "learning_rate": 0.0005}, {"used_fraction": 0.925, "learning_rate": 0.0002}],
+    "learning_rates": [{"used_fraction": 0.675, "learning_rate": 0.0005},
+                       {"used_fraction": 0.925, "learning_rate": 0.0002}],
     "loss": "asymmetric", "export_model_per_epoch": 1000,
 }
 COMMON_TAGS, REMOVED_POSTS, ADDED_POSTS = 30, 0.12, 0.06

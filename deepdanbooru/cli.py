@@ -847,8 +847,8 @@ def report(project_path, model_path, save_path, allow_gpu, batch_size):
 @click.option("--caption-extension", default=".txt", show_default=True, help="With --captions: their extension.")
 @click.option("--caption-separator", default=",", show_default=True,
               help="With --captions: the string between their tags, as import-images read them.")
-def audit(project_path, folds, model_path, time_limit, top, min_probability, batch_size, apply_file, dry_run, captions,
-          caption_extension, caption_separator):
+def audit(project_path, folds, model_path, time_limit, top, min_probability, batch_size, apply_file, dry_run,
+          captions, caption_extension, caption_separator):
     """Rank the tags of PROJECT_PATH's posts most likely wrong or missing (PROJECT_PATH/audit.csv, audit.html).
 
     Scores come from models that did not train on the post (--folds K or --model-path); each label gets the

@@ -54,7 +54,8 @@ def too_weak(validation: list[dict]) -> str | None:
     if not weak:
         return None
     named = "; ".join(f"{figures['model']} separates {figures['tags_separated']:,} of the {figures['tags_judged']:,} "
-                      f"tags it can be judged on (mAP {figures['map']}, mean AUC {figures['mean_auc']})" for figures in weak)
+                      f"tags it can be judged on (mAP {figures['map']}, mean AUC {figures['mean_auc']})"
+                      for figures in weak)
     return (f"the scoring models are too weak for their suggestions to mean much: on the posts they did not see, "
             f"{named}, where separating means an AUC of {MIN_AUC} or more over {MIN_CARRIERS} or more carriers; "
             "only rows with a high probability are worth a look, and a better model (longer --time-limit, a "

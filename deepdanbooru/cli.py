@@ -852,7 +852,8 @@ def audit(project_path, folds, model_path, time_limit, top, min_probability, bat
     """Rank the tags of PROJECT_PATH's posts most likely wrong or missing (PROJECT_PATH/audit.csv, audit.html).
 
     Scores come from models that did not train on the post (--folds K or --model-path); each label gets the
-    probability that it is a mistake, from those scores calibrated tag by tag on the posts. docs/audit.md.
+    probability that it is a mistake, from those scores and the post's other tags, calibrated tag by tag on
+    the posts. docs/audit.md.
     """
     if apply_file is None:
         if dry_run or captions is not None:

@@ -356,3 +356,24 @@ def test_next_steps_give_a_database_path_that_works_when_pasted(tmp_path, monkey
     # Imported again into the dataset the project uses: nothing to set.
     result = invoke("src", "my data", "--project-path", "work/project")
     assert "Next: work/project/project.json uses this dataset already; run" in result.output.splitlines()
+
+
+def test_a_caption_separator_no_caption_holds_is_refused_before_a_picture_is_placed(tmp_path, monkeypatch):
+    """The captions are read first (until one holds the separator), so a refusal decodes and writes no picture,
+    and the right separator reads one caption more."""
+    placed, read = [], []
+    place, parse = importer._Placer.place, importer.parse_caption
+    monkeypatch.setattr(importer._Placer, "place", lambda self, *args: placed.append(args) or place(self, *args))
+    monkeypatch.setattr(importer, "parse_caption", lambda text, separator: read.append(text) or parse(text,
+                                                                                                    separator))
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "smile | cat")
+    put(src, "b.png", image_bytes("PNG", color=(5, 5, 5)), "dog")
+    refused = invoke(src, dataset, "--caption-separator", ";")
+    assert refused.exit_code == 2 and "none of the 2 caption files read holds ';'" in refused.stderr
+    assert placed == [] and not dataset.exists()
+    read.clear()
+    result = invoke(src, dataset, "--caption-separator", "|")
+    assert result.exit_code == 0, result.output
+    assert [post[3] for post in read_posts(dataset / "dataset.sqlite")] == ["smile cat", "dog"]
+    assert read == ["smile | cat", "smile | cat", "dog"] and len(placed) == 2

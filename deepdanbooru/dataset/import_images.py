@@ -243,14 +243,16 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
         query = connection.execute if connection is not None else None
         intake = Intake(known, max_id, placer, summary, query, (detect_format, _Unreadable, _post_values),
                         KEY_BY_NAME["minimum_tag_count"].default)
-        if shards:
-            if separator_to_check(separator):  # a first pass over the captions, so a refusal writes nothing
+        if separator_to_check(separator):  # a first pass over the captions, so a refusal writes nothing
+            if shards:
                 tar_shards.read_captions(shards, extensions, caption_ext, separator, intake.caption)
-                _check_separator(summary, src, separator)
+            else:
+                _read_captions(images, caption_ext, separator, intake.caption)
+            _check_separator(summary, src, separator)
+        if shards:
             rows, updates = tar_shards.collect(shards, intake, caption_ext, separator, extensions)
         else:
             rows, updates = _collect(images, src, intake, caption_ext, separator)
-            _check_separator(summary, src, separator)
         if not rows and not existing:
             raise DatasetError(file_field(src, None, "no image could be imported "
                                           f"({len(summary.untagged)} without tags, {len(summary.unreadable)} "
@@ -330,6 +332,17 @@ def _update_posts(connection, columns, updates: list[tuple[int, dict]]) -> None:
                            (values["tag_string"], values["tag_count_general"], *extra, post_id))
 
 
+def _read_captions(images, caption_ext: str, separator: str, tally) -> None:
+    """A first pass over the caption files _collect will read: each goes to tally(name, text, tags, mark) until it
+    returns True (the separator's mark found)."""
+    for path in images:
+        sidecar = find_sidecar(path, caption_ext)
+        if sidecar is not None:
+            text = read_caption(sidecar)
+            if tally(sidecar.name, text, parse_caption(text, separator), separator.strip()):
+                return
+
+
 def _collect(images, src, intake: Intake, caption_ext: str = DEFAULT_EXTENSION,
              separator: str = READ_SEPARATOR) -> tuple[list[dict], list[tuple[int, dict]]]:
     """(rows to insert, (post id, new values) for known images whose caption changed)."""
@@ -339,9 +352,7 @@ def _collect(images, src, intake: Intake, caption_ext: str = DEFAULT_EXTENSION,
         if sidecar is None:
             summary.untagged.append((path, f"no {caption_ext} sidecar"))
             continue
-        text = read_caption(sidecar)
-        tags = parse_caption(text, separator)
-        intake.caption(sidecar.name, text, tags, separator.strip())
+        tags = parse_caption(read_caption(sidecar), separator)
         if not tags:
             summary.untagged.append((path, f"{sidecar.name} holds no tags"))
             continue

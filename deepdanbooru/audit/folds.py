@@ -21,6 +21,7 @@ import os
 import re
 import sqlite3
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,7 +198,8 @@ def read_fold_scores(fold: Fold) -> FoldScores | None:
         with np.load(fold.scores) as saved:
             trained = json.loads(str(saved["trained"])) if "trained" in saved.files else {}
             return FoldScores(saved["ids"], saved["scores"], trained)
-    except (OSError, ValueError, KeyError) as error:
+    # A damaged zip is BadZipFile and an empty file EOFError, neither an OSError nor a ValueError.
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         raise TrainingError(file_field(fold.scores, None, (
             f"cannot be read ({error}); delete it and run the audit again to score the fold anew"))) from None
 

@@ -1,0 +1,30 @@
+"""The audit's own files when they are damaged or half-written: one line naming the file, never a traceback."""
+
+import numpy as np
+import pytest
+
+from deepdanbooru.audit.folds import Fold, read_fold_scores, write_fold_scores
+from deepdanbooru.errors import UserError
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_fold_scores_file_is_one_line_naming_it(tmp_path, damage):
+    fold = Fold(0, 3, tmp_path / "fold-1-of-3")
+    fold.directory.mkdir()
+    write_fold_scores(fold, [1, 2, 3], np.full((3, 4), 0.5), {"epochs": 1.0})
+    data = fold.scores.read_bytes()
+    fold.scores.write_bytes(data[:len(data) // 2] if damage == "truncated" else b"")
+    with pytest.raises(UserError) as caught:
+        read_fold_scores(fold)
+    assert str(fold.scores) in str(caught.value)
+    assert "delete it and run the audit again" in str(caught.value)
+
+
+def test_fold_scores_read_back_as_written(tmp_path):
+    fold = Fold(1, 3, tmp_path / "fold-2-of-3")
+    fold.directory.mkdir()
+    write_fold_scores(fold, [7, 9], np.array([[0.25, 0.75], [1.0, 0.0]]), {"epochs": 2.5, "stopped": True})
+    saved = read_fold_scores(fold)
+    assert saved.ids.tolist() == [7, 9]
+    assert saved.scores.tolist() == [[0.25, 0.75], [1.0, 0.0]]
+    assert saved.trained == {"epochs": 2.5, "stopped": True}

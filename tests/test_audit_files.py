@@ -28,3 +28,13 @@ def test_fold_scores_read_back_as_written(tmp_path):
     assert saved.ids.tolist() == [7, 9]
     assert saved.scores.tolist() == [[0.25, 0.75], [1.0, 0.0]]
     assert saved.trained == {"epochs": 2.5, "stopped": True}
+
+
+@pytest.mark.parametrize("estimated, said", [(1.2, "About 1 label error estimated"), (0.9, "About 1 label error "),
+                                             (2.6, "About 3 label errors"), (1234.4, "About 1,234 label errors")])
+def test_the_page_counts_the_estimated_errors_as_the_command_line_does(estimated, said):
+    from deepdanbooru.audit.page import audit_notes
+
+    notes, warnings = audit_notes({"estimated_errors": estimated})
+    assert notes[0].startswith(said)
+    assert warnings == []

@@ -215,7 +215,7 @@ def audit_notes(record: dict) -> tuple[list[str], list[str]]:
     notes = []
     estimated = record.get("estimated_errors")
     if isinstance(estimated, (int, float)):
-        notes.append(f"About {estimated:,.0f} label errors estimated over the audited tags.")
+        notes.append(f"About {plural(round(estimated), 'label error')} estimated over the audited tags.")
     for figures in record.get("validation") or ():
         if not isinstance(figures, dict) or not figures.get("model"):
             continue

@@ -38,3 +38,36 @@ def test_the_page_counts_the_estimated_errors_as_the_command_line_does(estimated
     notes, warnings = audit_notes({"estimated_errors": estimated})
     assert notes[0].startswith(said)
     assert warnings == []
+
+
+def test_an_audit_stopped_while_saving_its_scores_leaves_the_last_scores_whole(tmp_path, sample_dataset, monkeypatch):
+    from deepdanbooru.audit.main import finish, given_matrix
+    from deepdanbooru.dataset.records import load_records
+    from deepdanbooru.project.paths import ProjectPaths
+    from train_helpers import make_project
+
+    database, tags = sample_dataset
+    project = make_project(tmp_path / "project", database, tags)
+    records = load_records(database, 1)
+    given = given_matrix(records, tags)
+    scores = np.where(given == 1, 0.9, 0.1)
+    finish(ProjectPaths(project), records, tags, np.arange(len(records)), scores, list(range(len(tags))),
+           "test scores", None, lambda line: None)
+    saved = project / "audit" / "scores.npz"
+    before = saved.read_bytes()
+
+    real = np.lib.format.write_array
+    written = []
+
+    def interrupted(*args, **kwargs):  # Ctrl-C after the first array went in
+        if written:
+            raise KeyboardInterrupt
+        written.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "write_array", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finish(ProjectPaths(project), records, tags, np.arange(len(records)), 1.0 - scores, list(range(len(tags))),
+               "test scores", None, lambda line: None)
+    assert saved.read_bytes() == before
+    assert sorted(path.name for path in saved.parent.iterdir()) == ["audit.json", "scores.npz"]

@@ -205,13 +205,18 @@ def read_fold_scores(fold: Fold) -> FoldScores | None:
 
 
 def write_fold_scores(fold: Fold, ids, scores, trained: dict) -> None:
-    handle, temporary = create_beside(fold.scores)
+    save_arrays(fold.scores, ids=np.asarray(ids, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32),
+                trained=np.asarray(json.dumps(trained)))
+
+
+def save_arrays(path: Path, **arrays) -> None:
+    """np.savez written beside `path` and renamed over it: an error or Ctrl-C mid-write leaves the file as it was."""
+    handle, temporary = create_beside(path)
     os.close(handle)
     try:
         with open(temporary, "wb") as stream:
-            np.savez(stream, ids=np.asarray(ids, dtype=np.int64), scores=np.asarray(scores, dtype=np.float32),
-                     trained=np.asarray(json.dumps(trained)))
-        os.replace(temporary, fold.scores)
+            np.savez(stream, **arrays)
+        os.replace(temporary, path)
     finally:
         if temporary.exists():
             temporary.unlink()

@@ -168,8 +168,8 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo, group
     votes = tag_votes(every_tag, columns, np.asarray(records.ids)[kept], seed=seed)
     # The scores behind the ranking, for a closer look (bench/audit.py measures rankings on them).
     (paths.root / AUDIT_DIR).mkdir(parents=True, exist_ok=True)
-    np.savez(paths.root / AUDIT_DIR / "scores.npz", ids=np.asarray(records.ids)[kept], given=given, scores=scores,
-             votes=votes, tags=np.asarray(audited))
+    fold_room.save_arrays(paths.root / AUDIT_DIR / "scores.npz", ids=np.asarray(records.ids)[kept], given=given,
+                          scores=scores, votes=votes, tags=np.asarray(audited))
     ranking = rank_labels(given, scores, votes)
     suggestions = []
     for rank, (row, column) in enumerate(ranking.order(top, min_probability), start=1):

@@ -53,8 +53,8 @@ class ImportSummary:
     updated: list[tuple[Path, int]] = field(default_factory=list)  # (path, post id) whose caption changed
     malformed: list[tuple[str, str]] = field(default_factory=list)  # tar shards: bad post objects, damaged shards
     few_tags: int = 0
-    captions_read: int = 0  # caption files read (from a folder or shards), those holding the separator's mark and
-    captions_with_separator: int = 0  # those read as one tag: a separator no caption holds is named with them
+    captions_read: int = 0  # captions read by the separator check's first pass (it ends at the first holding the
+    captions_with_separator: int = 0  # mark), those holding it and those read as one tag (_check_separator)
     one_tag: int = 0
     one_tag_example: tuple[str, str] | None = None  # (caption's name, its text)
     wider_formats: dict[str, int] = field(default_factory=dict)  # file_ext -> images not in the default formats

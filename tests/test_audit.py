@@ -856,7 +856,8 @@ def test_the_summary_names_unaudited_tags_each_models_figures_and_says_when_they
     record = json.loads((project / "audit" / "audit.json").read_text())
     assert [figures["model"] for figures in record["validation"]] == ["fold 1 of 2", "fold 2 of 2"]
     assert record["validation"][0]["trained"] == trained and record["validation"][0]["posts"] == 12
-    assert record["skipped_tags"] and all(set(item) == {"tag", "carriers", "auc"} for item in record["skipped_tags"])
+    assert record["skipped_tags"] and all(set(item) == {"tag", "carriers", "without", "auc"}
+                                          for item in record["skipped_tags"])
     text = "\n".join(lines)
     assert "fold 1 of 2: mAP" in text and "it trained 1 of 200 epochs (stopped by --time-limit after 1m00s)" in text
     assert ("warning: fold 1 of 2, fold 2 of 2 stopped by --time-limit before half the epochs planned: their scores "

@@ -71,3 +71,21 @@ def test_an_audit_stopped_while_saving_its_scores_leaves_the_last_scores_whole(t
                "test scores", None, lambda line: None)
     assert saved.read_bytes() == before
     assert sorted(path.name for path in saved.parent.iterdir()) == ["audit.json", "scores.npz"]
+
+
+def test_a_tag_skipped_for_too_few_posts_without_it_is_not_named_by_a_good_auc():
+    # 40 posts: tag 0 carried by all but 2 and scored perfectly (AUC 1.0), tag 1 carried by 20 with useless scores.
+    from deepdanbooru.audit.ranking import rank_labels
+    from deepdanbooru.audit.summary import skipped_line, skipped_tags
+
+    given = np.zeros((40, 2), dtype=int)
+    given[2:, 0] = 1
+    given[:20, 1] = 1
+    scores = np.column_stack([given[:, 0] * 0.8 + 0.1, np.full(40, 0.5)])
+    ranking = rank_labels(given, scores)
+    assert not ranking.audited.any()
+    skipped = skipped_tags(ranking, ["nearly_all", "useless"])
+    line = skipped_line(skipped)
+    assert "useless (AUC 0.50)" in line
+    assert "nearly_all (2 posts without it)" in line and "AUC 1.00" not in line
+    assert {item["tag"]: item["without"] for item in skipped} == {"nearly_all": 2, "useless": 20}

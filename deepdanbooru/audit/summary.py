@@ -63,12 +63,14 @@ def too_weak(validation: list[dict]) -> str | None:
 
 
 def skipped_tags(ranking, tags: list[str]) -> list[dict]:
-    """The tags not audited, with their figure: too few carriers, or an AUC under MIN_AUC."""
+    """The tags not audited, with their figure: too few carriers or posts without the tag (`without`), or an AUC
+    under MIN_AUC."""
     skipped = []
+    posts = ranking.probability.shape[0]
     for column in np.flatnonzero(~ranking.audited):
         carriers = int(ranking.carriers[column])
         auc = ranking.auc[column]
-        skipped.append({"tag": tags[column], "carriers": carriers,
+        skipped.append({"tag": tags[column], "carriers": carriers, "without": posts - carriers,
                         "auc": None if not np.isfinite(auc) else round(float(auc), 3)})
     # Those with a figure first, least separable first; then the tags too few posts carry.
     return sorted(skipped, key=lambda item: (item["auc"] is None, item["auc"] or 0.0, item["carriers"], item["tag"]))
@@ -79,8 +81,15 @@ def skipped_line(skipped: list[dict]) -> str | None:
         return None
     shown = []
     for item in skipped[:NAMED_SKIPPED]:
-        shown.append(f"{item['tag']} (AUC {item['auc']:.2f})" if item["auc"] is not None and
-                     item["carriers"] >= MIN_CARRIERS else f"{item['tag']} ({plural(item['carriers'], 'carrier')})")
+        # A tag nearly every post carries may separate well: it is skipped for the few posts without it.
+        without = item.get("without")  # absent in an audit.json from before it was recorded
+        if item["carriers"] >= MIN_CARRIERS and without is not None and without < MIN_CARRIERS:
+            figure = f"{plural(without, 'post')} without it"
+        elif item["carriers"] >= MIN_CARRIERS and item["auc"] is not None:
+            figure = f"AUC {item['auc']:.2f}"
+        else:
+            figure = plural(item["carriers"], "carrier")
+        shown.append(f"{item['tag']} ({figure})")
     more = f" and {len(skipped) - NAMED_SKIPPED:,} more (audit.json)" if len(skipped) > NAMED_SKIPPED else ""
     return (f"Not audited: {plural(len(skipped), 'tag')} whose out-of-sample scores cannot separate their carriers "
             f"from the rest (AUC under {MIN_AUC}, or fewer than {MIN_CARRIERS} carriers or non-carriers): "

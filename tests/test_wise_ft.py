@@ -228,3 +228,17 @@ def test_without_a_source_wise_ft_says_there_is_nothing_to_mix(tmp_path, sample_
            "from no source, so its exports hold the trained weights" in lines
     assert "wise_ft" not in json.loads((project / "model-resnet_small.metrics.json").read_text())
     assert not any(line.startswith("wise_ft:") for line in lines)
+
+
+@pytest.mark.slow
+def test_without_validation_wise_ft_says_it_has_nothing_to_choose_on(tmp_path, sample_dataset, source):
+    from deepdanbooru.training.train import train_project
+
+    project = make_project(tmp_path / "p", *sample_dataset, epoch_count=1, validation_fraction=0.0,
+                           trainable_blocks=2, wise_ft=[0.5, 1.0])
+    lines = []
+    train_project(project, source_model=source, echo=lines.append)
+    assert f"notice: wise_ft in {project / 'project.json'} chooses its mix on the validation split, and this run " \
+           "has none (validation_fraction 0): its exports hold the trained weights" in lines
+    assert not any(line.startswith("wise_ft:") for line in lines)
+    assert (project / FINAL).is_file()

@@ -26,6 +26,9 @@ class Outputs:
         self.validator = Validator(model, plan.validation, plan.tags, plan.config, plan.paths.bad_images,
                                    jit_compile, echo) \
             if len(plan.validation) and plan.role.is_chief else None
+        if wise is not None and not len(plan.validation) and plan.role.is_chief:
+            echo(f"notice: wise_ft in {plan.config.config_path} chooses its mix on the validation split, and this "
+                 "run has none (validation_fraction 0): its exports hold the trained weights")
 
     def averaged(self):
         """The weights validation and exports use: the moving average with ema_decay, else the trained ones."""

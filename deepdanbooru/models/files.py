@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import zipfile
 from pathlib import Path
 
 import keras
 
 from deepdanbooru import compat
 from deepdanbooru.errors import ModelError, file_field
+from deepdanbooru.models.sourceinfo import keras_archive_problem
 from deepdanbooru.models.vocabulary import write_model_tags
 
 MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
@@ -46,12 +46,9 @@ def load_model_file(path) -> keras.Model:
         raise ModelError(file_field(path, None, "model file not found"))
     if path.suffix.lower() not in MODEL_SUFFIXES:
         raise ModelError(file_field(path, None, f"expected a {' or '.join(MODEL_SUFFIXES)} model file"))
-    if path.suffix.lower() == ".keras" and not zipfile.is_zipfile(path):
-        # Keras says "File not found" for these, of a file that is there.
-        size = path.stat().st_size
-        what = "it is empty (0 bytes)" if size == 0 else \
-            f"it is not a whole zip archive ({size:,} bytes: cut short, or another kind of file)"
-        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {what}; a .keras model is a "
+    problem = keras_archive_problem(path) if path.suffix.lower() == ".keras" else None
+    if problem is not None:
+        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {problem}; a .keras model is a "
                                                 "zip archive as Keras saves it"))
     try:
         model = keras.models.load_model(path, compile=False, custom_objects=_LEGACY_OBJECTS)

@@ -13,6 +13,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepdanbooru.errors import ModelError, file_field
 from deepdanbooru.models.timm.safetensors import read_header
 from deepdanbooru.models.timm.source import is_checkpoint_folder, network_name, read_source
 
@@ -24,7 +25,29 @@ class SourceNetwork:
     outputs: int | None  # the source's own head rows
 
 
+def keras_archive_problem(path: Path) -> str | None:
+    """Why the .keras file `path` cannot be a model Keras saved (not a zip archive, or one without config.json),
+    or None. Keras itself says "File not found" of such a file, which is there."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        size = path.stat().st_size
+        return "it is empty (0 bytes)" if size == 0 else \
+            f"it is not a whole zip archive ({size:,} bytes: cut short, or another kind of file)"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.getinfo("config.json")
+    except KeyError:
+        return "it holds no config.json (a zip archive, but not a model Keras saved)"
+    except (OSError, zipfile.BadZipFile) as error:
+        return f"it is a damaged zip archive ({error})"
+    return None
+
+
 def _keras_name(path: Path) -> str | None:
+    problem = keras_archive_problem(path)
+    if problem is not None:
+        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {problem}; a .keras model is a "
+                                                "zip archive as Keras saves it"))
     try:
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json").decode("utf-8"))

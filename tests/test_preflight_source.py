@@ -47,5 +47,6 @@ def test_train_project_s_loader_says_the_same_of_a_zip_without_config(tmp_path):
         archive.writestr("notes.txt", "not a model")
     with pytest.raises(ModelError) as caught:
         load_model_file(source)
-    assert str(caught.value) == (f"{source}: cannot be opened as a Keras model: it holds no config.json (a zip archive, "
-                                 "but not a model Keras saved); a .keras model is a zip archive as Keras saves it")
+    assert str(caught.value) == (f"{source}: cannot be opened as a Keras model: it holds no config.json (a zip "
+                                 "archive, but not a model Keras saved); a .keras model is a zip archive as Keras "
+                                 "saves it")

@@ -377,3 +377,14 @@ def test_a_caption_separator_no_caption_holds_is_refused_before_a_picture_is_pla
     assert result.exit_code == 0, result.output
     assert [post[3] for post in read_posts(dataset / "dataset.sqlite")] == ["smile cat", "dog"]
     assert read == ["smile | cat", "smile | cat", "dog"] and len(placed) == 2
+
+
+def test_a_caption_separator_no_caption_holds_when_every_caption_split_at_spaces(tmp_path):
+    src, dataset = tmp_path / "src", tmp_path / "dataset"
+    put(src, "a.png", image_bytes("PNG"), "grinning face, face\n")
+    put(src, "b.png", image_bytes("PNG", color=(5, 5, 5)), "sun, travel places")
+    refused = invoke(src, dataset, "--caption-separator", "|")
+    assert refused.exit_code != 0 and not dataset.exists()
+    assert refused.stderr == (
+        f"error: {src}: --caption-separator '|': none of the 2 caption files read holds '|': each was split at "
+        "spaces or line breaks instead; give the separator your captions use (',' when the option is left out)\n")

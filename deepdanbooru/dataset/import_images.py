@@ -310,10 +310,12 @@ def _check_separator(summary: ImportSummary, src: Path, separator: str) -> None:
     ones, first = summary.one_tag, summary.one_tag_example
     example = f" ({first[0]}: {first[1]!r})" if first else ""
     others = " and the others split at spaces or line breaks" if ones < summary.captions_read else ""
+    read_as = (f"{ones:,} of them {'was' if ones == 1 else 'were each'} read as one tag{example}{others}" if ones
+               else "each was split at spaces or line breaks instead")
     raise UserError(file_field(src, None, (
         f"--caption-separator {separator!r}: none of the {plural(summary.captions_read, 'caption file')} read holds "
-        f"{mark!r}: {ones:,} of them {'was' if ones == 1 else 'were each'} read as one tag{example}{others}; give "
-        f"the separator your captions use ({READ_SEPARATOR!r} when the option is left out)")))
+        f"{mark!r}: {read_as}; give the separator your captions use ({READ_SEPARATOR!r} when the option is left "
+        "out)")))
 
 
 def _post_values(tags) -> dict:

@@ -98,16 +98,20 @@ def inject(database: Path, tags: list[str], seed: int = 0) -> set:
     absent = [(post_id, tag) for post_id, tag_string in rows for tag in tags if tag not in tag_string.split()]
     removed = {truth[i] for i in rng.choice(len(truth), int(round(REMOVED * len(truth))), replace=False)}
     added = {absent[i] for i in rng.choice(len(absent), int(round(ADDED * len(truth))), replace=False)}
+    write_tags(database, {post_id: [tag for tag in tag_string.split() if (post_id, tag) not in removed]
+                          + [tag for tag in tags if (post_id, tag) in added] for post_id, tag_string in rows})
+    return removed | added
+
+
+def write_tags(database: Path, tags_of: dict) -> None:
+    """Each post of tags_of {post id: its tags} stored with those tags and their general count."""
     connection = sqlite3.connect(database)
-    for post_id, tag_string in rows:
-        kept = [tag for tag in tag_string.split() if (post_id, tag) not in removed]
-        kept += [tag for tag in tags if (post_id, tag) in added]
-        general = [tag for tag in kept if not tag.startswith("rating:")]
+    for post_id, tags in tags_of.items():
+        general = [tag for tag in tags if not tag.startswith("rating:")]
         connection.execute("UPDATE posts SET tag_string = ?, tag_count_general = ? WHERE id = ?",
-                           (" ".join(kept), len(general), post_id))
+                           (" ".join(tags), len(general), post_id))
     connection.commit()
     connection.close()
-    return removed | added
 
 
 def make_project(folder: Path, database: Path, tags_file: Path, **overrides) -> Path:
@@ -185,13 +189,7 @@ def inject_common(database: Path, seed: int = 0) -> set:
         tag = str(rng.choice(sorted(set(common) - set(tag_string.split()))))
         added.add((post_id, tag))
         changed[post_id] = tag_string.split() + [tag]
-    connection = sqlite3.connect(database)
-    for post_id, tags in changed.items():
-        general = [tag for tag in tags if not tag.startswith("rating:")]
-        connection.execute("UPDATE posts SET tag_string = ?, tag_count_general = ? WHERE id = ?",
-                           (" ".join(tags), len(general), post_id))
-    connection.commit()
-    connection.close()
+    write_tags(database, changed)
     return removed | added
 
 

@@ -116,6 +116,11 @@ def _check_state(state_path: Path, state: dict, audit_dir: Path, tags_path: Path
         raise TrainingError(file_field(state_path, None, (
             f"an audit with --folds {saved.get('folds')} is under way; its folds do not fit --folds {state['folds']}: "
             f"give --folds {saved.get('folds')} to finish it, or {anew}")))
+    if saved.get("split") == state["split"] and saved.get("seed") == state["seed"]:
+        # The same posts in the same folds: their labels changed (an --apply, or edits), not what each model saw.
+        raise TrainingError(file_field(state_path, None, (
+            "the posts' tags changed since the folds were made (an --apply, or edits to the database): the folds' "
+            f"models learnt the labels as they were, and the scores belong to them; {anew}")))
     raise TrainingError(file_field(state_path, None, (
         "the posts (their ids, tags or split) or the project's seed changed since the folds were made, so a fold's "
         f"model may have trained on a post it would score; {anew}")))

@@ -5,10 +5,13 @@ module of these rooms may import training/ (which is TensorFlow's side), not eve
 """
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 import deepdanbooru
 
@@ -28,11 +31,24 @@ def test_every_room_module_is_found():
     assert len(modules) > 15
 
 
+# An import of TensorFlow, Keras or training/ in any spelling, also indented (a lazy import inside a function).
+HEAVY_IMPORT = re.compile(r"^\s*(?:import\s+(?:tensorflow|keras|deepdanbooru\.training)\b"
+                          r"|from\s+(?:tensorflow|keras|deepdanbooru\.training)\b"
+                          r"|from\s+deepdanbooru\s+import\s+(?:[\w\s,()]*\b)?training\b)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("line", ["import tensorflow as tf", "    from tensorflow import keras", "import keras",
+                                  "from keras import layers", "    from deepdanbooru.training.train import x",
+                                  "from deepdanbooru import training", "from deepdanbooru import errors, training"])
+def test_the_source_check_sees_every_spelling_of_a_heavy_import(line):
+    assert HEAVY_IMPORT.search(f"x = 1\n{line}\n")
+
+
 def test_no_room_module_names_training_in_its_source():
     # A lazy import inside a function is not seen by importing the module: read the source too.
     offenders = [str(path.relative_to(PACKAGE)) for room in ROOMS for path in (PACKAGE / room).glob("*.py")
-                 if "deepdanbooru.training" in path.read_text(encoding="utf-8")
-                 or "import tensorflow" in path.read_text(encoding="utf-8")]
+                 if HEAVY_IMPORT.search(path.read_text(encoding="utf-8"))
+                 or "deepdanbooru.training" in path.read_text(encoding="utf-8")]  # importlib's spelling too
     assert offenders == []
 
 

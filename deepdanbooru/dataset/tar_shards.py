@@ -31,11 +31,12 @@ def is_shard(path: Path) -> bool:
     return path.is_file() and (path.suffix.lower() == ".tar" or path.name.lower().endswith((".tar.gz", ".tgz")))
 
 
-def find_shards(sources, extensions, warn) -> list[Path]:
+def find_shards(sources, extensions, warn, skip=()) -> list[Path]:
     """The shards SRC names: each .tar file given, and the .tar files in each folder given (sorted, recursively).
 
     [] when SRC is one folder holding pictures (read as before; shards beside them are named and left alone). A
     file given that is not a shard, or a folder without shards among several SRC, is refused with one line.
+    skip: folders not searched (the dataset being written, which may live inside SRC: its pictures are not SRC's).
     """
     sources = [Path(source) for source in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     shards = []
@@ -46,7 +47,7 @@ def find_shards(sources, extensions, warn) -> list[Path]:
                                                             "pictures, or .tar shards (or folders of them)"))
             shards.append(source)
         elif source.is_dir():
-            found, pictures = _walk(source, extensions)
+            found, pictures = _walk(source, extensions, skip)
             if pictures and len(sources) == 1:
                 if found:
                     warn(f"note: {source}: holds pictures, read as a folder of pictures; its "
@@ -61,11 +62,13 @@ def find_shards(sources, extensions, warn) -> list[Path]:
     return shards
 
 
-def _walk(folder: Path, extensions) -> tuple[list[Path], bool]:
-    """(the shards under folder in name order, whether it holds a picture); hidden entries skipped."""
+def _walk(folder: Path, extensions, skip=()) -> tuple[list[Path], bool]:
+    """(the shards under folder in name order, whether it holds a picture); hidden entries and `skip` skipped."""
     shards, pictures = [], False
+    skipped = {Path(path).resolve() for path in skip}
     for directory, folders, files in os.walk(folder):
-        folders[:] = sorted(name for name in folders if not name.startswith("."))
+        folders[:] = sorted(name for name in folders if not name.startswith(".")
+                            and Path(directory, name).resolve() not in skipped)
         for name in files:
             path = Path(directory, name)
             if name.startswith("."):

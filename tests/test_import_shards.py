@@ -332,18 +332,20 @@ def test_the_first_caption_holding_the_separator_ends_the_first_pass(tmp_path, m
     assert read == ["long hair | smile", "long hair | smile", "cat", "a | b"]
 
 
-def test_a_dataset_inside_the_shards_folder_is_not_taken_for_a_folder_of_pictures(tmp_path):
-    # As from a folder of pictures, the dataset may live inside SRC: its own pictures are not SRC's.
+@pytest.mark.parametrize("inside", ["dataset", "."])
+def test_a_dataset_inside_the_shards_folder_is_not_taken_for_a_folder_of_pictures(tmp_path, inside):
+    # As from a folder of pictures, the dataset may live inside SRC (or be SRC): its own pictures are not SRC's.
     shards = tmp_path / "shards"
     shards.mkdir()
+    dataset = shards / inside
     write_shard(shards / "a.tar", json_sample(1) + json_sample(2))
-    first = invoke(shards, shards / "dataset")
+    first = invoke(shards, dataset)
     assert first.exit_code == 0, first.output
     write_shard(shards / "b.tar", json_sample(3))
-    again = invoke(shards, shards / "dataset")
+    again = invoke(shards, dataset)
     assert again.exit_code == 0, again.output
     assert "read as a folder of pictures" not in again.output
-    with sqlite3.connect(shards / "dataset" / "dataset.sqlite") as connection:
+    with sqlite3.connect(dataset / "dataset.sqlite") as connection:
         tags = [row[0] for row in connection.execute("SELECT tag_string FROM posts ORDER BY id")]
     assert [tag.split()[1] for tag in tags] == ["tag_1", "tag_2", "tag_3"]
     assert "2 duplicates" in again.output  # a.tar's pictures, already in the dataset

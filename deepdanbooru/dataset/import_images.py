@@ -209,7 +209,7 @@ def import_images(src, dataset, link: bool = False, extensions=DEFAULT_EXTENSION
     from deepdanbooru.dataset import tar_shards  # SRC may also be tar shards, or folders of them
 
     extensions = parse_extensions(extensions)
-    shards = tar_shards.find_shards(src, extensions, warn, skip=[Path(dataset)])
+    shards = tar_shards.find_shards(src, extensions, warn, skip=[Path(dataset), Path(dataset) / IMAGES_DIR])
     src, dataset = Path(src if isinstance(src, (str, os.PathLike)) else src[0]), Path(dataset)
     caption_ext = caption_extension(caption_ext)
     separator = caption_separator(separator)

@@ -355,3 +355,16 @@ def test_a_truncated_gzipped_array_names_its_last_whole_item(tmp_path):
     assert result.exit_code == 2
     assert f"{source}: is truncated or damaged after item " in result.output
     assert not (tmp_path / "o.sqlite").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("text, said", [('"abc', "Unterminated string starting at character 1"),
+                                        ('"a\x01"', "Invalid control character at character 3"),
+                                        ("{,}", "Expecting property name enclosed in double quotes at character 2")])
+def test_a_json_error_reads_as_one_phrase(text, said):
+    import json
+
+    from deepdanbooru.dataset.post_files import short_reason
+
+    with pytest.raises(json.JSONDecodeError) as caught:
+        json.loads(text)
+    assert short_reason(caught.value) == said

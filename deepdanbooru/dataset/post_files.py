@@ -359,7 +359,8 @@ def _peek_first(stream) -> bytes:
 def short_reason(error) -> str:
     """The first line of an error, the position of a JSON error as a character number, at most 160 characters."""
     if isinstance(error, json.JSONDecodeError):
-        text = f"{error.msg} at character {error.pos + 1}"
+        # Some of json's messages end in "at" already ("Unterminated string starting at").
+        text = f"{error.msg}{'' if error.msg.endswith(' at') else ' at'} character {error.pos + 1}"
     else:
         text = str(error).splitlines()[0] if str(error) else type(error).__name__
     return text if len(text) <= 160 else text[:157] + "..."

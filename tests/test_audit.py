@@ -1,6 +1,7 @@
 """deepdanbooru audit: folds, ranking, audit.csv and its record, applying accepted rows."""
 
 import csv
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -748,6 +749,12 @@ def test_fold_state_records_the_tags_and_split_and_a_change_is_one_line(tmp_path
         prepare_folds(audit_dir, records, 2, 0, tags, assign_folds(records, 2, seed=0), tags_path)
     with pytest.raises(TrainingError, match=r"the posts \(their ids, tags or split\) or the project's seed changed"):
         prepare_folds(audit_dir, records, 3, 1, tags, assign_folds(records, 3, seed=1), tags_path)
+    # Relabelled posts in the same folds (as after --apply): no fold model saw a post it would score.
+    relabelled = dataclasses.replace(records, tag_strings=[records.tag_strings[0] + " extra"] + records.tag_strings[1:])
+    with pytest.raises(TrainingError) as refused:
+        prepare_folds(audit_dir, relabelled, 3, 0, tags, fold_of, tags_path)
+    assert str(refused.value).startswith(f"{audit_dir / STATE_FILE}: the posts' tags changed since the folds were made")
+    assert "may have trained on a post" not in str(refused.value)
     assert (audit_dir / STATE_FILE).read_bytes() == written
 
 

@@ -89,27 +89,3 @@ def test_a_tag_skipped_for_too_few_posts_without_it_is_not_named_by_a_good_auc()
     assert "useless (AUC 0.50)" in line
     assert "nearly_all (2 posts without it)" in line and "AUC 1.00" not in line
     assert {item["tag"]: item["without"] for item in skipped} == {"nearly_all": 2, "useless": 20}
-
-
-def test_a_fold_state_over_relabelled_posts_says_their_tags_changed_not_that_folds_may_leak(tmp_path, sample_dataset):
-    # An --apply changes the posts' tags, not which posts each fold holds: no fold model has seen a post it would
-    # score, so the refusal says what did change.
-    import dataclasses
-
-    from deepdanbooru.audit.folds import STATE_FILE, assign_folds, prepare_folds
-    from deepdanbooru.dataset.records import load_records
-    from deepdanbooru.errors import TrainingError
-
-    records = load_records(sample_dataset[0], 1)
-    tags = list(sample_dataset[1])
-    audit_dir, tags_path = tmp_path / "audit", tmp_path / "tags.txt"
-    fold_of = assign_folds(records, 3, seed=0)
-    prepare_folds(audit_dir, records, 3, 0, tags, fold_of, tags_path)
-    written = (audit_dir / STATE_FILE).read_bytes()
-    relabelled = dataclasses.replace(records, tag_strings=[records.tag_strings[0] + " extra"] + records.tag_strings[1:])
-    with pytest.raises(TrainingError) as refused:
-        prepare_folds(audit_dir, relabelled, 3, 0, tags, fold_of, tags_path)
-    line = str(refused.value)
-    assert line.startswith(f"{audit_dir / STATE_FILE}: the posts' tags changed since the folds were made")
-    assert "may have trained on a post it would score" not in line and f"delete {audit_dir / 'folds'}" in line
-    assert (audit_dir / STATE_FILE).read_bytes() == written

@@ -160,6 +160,17 @@ def test_history_stops_and_changed_keys(project):
     assert "checkpoint_frequency_mb" not in changed
 
 
+def test_history_stops_pass_over_a_hand_edited_line_with_text_for_numbers():
+    history = [
+        {"kind": "train", "time": 100.0, "used_minibatch": 1, "used_sample": 8, "samples_per_second": 8.0},
+        {"kind": "train", "time": 2000.0, "used_minibatch": 2, "used_sample": "sixteen", "samples_per_second": "x"},
+        {"kind": "train", "time": 2001.0, "used_minibatch": 3, "used_sample": 24, "samples_per_second": 8.0},
+        {"kind": "train", "time": 5000.0, "used_minibatch": 4, "used_sample": 32, "samples_per_second": 8.0},
+    ]
+    # The edited line is passed over (no traceback); the other rows still show the long pause before step 4.
+    assert [(stop.step, stop.reason) for stop in summary.stops(history)] == [(4, "pause")]
+
+
 # --- the command ---
 
 

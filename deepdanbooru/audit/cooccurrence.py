@@ -8,7 +8,8 @@ which lacks t, gets a high vote for t; a post carrying a tag none of its look-al
 The ranking (ranking.py) weighs this vote against the model's score per tag, as the data shows it.
 
 Posts vote from a reference sample of at most REFERENCE_POSTS (seeded), in blocks of BLOCK posts, so the
-memory stays bounded (about BLOCK x REFERENCE_POSTS floats a matrix) at any project size (numpy only).
+similarity matrices stay at about BLOCK x REFERENCE_POSTS floats at any project size (numpy only); the labels
+and the votes themselves are posts x tags arrays, which grow with the project like the scores do.
 """
 
 from __future__ import annotations

@@ -71,14 +71,14 @@ def stops(history: list[dict]) -> list[Stop]:
         try:
             elapsed = float(after["time"]) - float(before["time"])
             step = int(after["used_minibatch"])
+            if after.get("kind") == "validation":
+                accounted = float(after.get("seconds") or 0.0)
+            else:
+                rate = float(after.get("samples_per_second") or 0)
+                samples = float(after.get("used_sample") or 0) - float(before.get("used_sample") or 0)
+                accounted = samples / rate if rate > 0 and samples > 0 else 0.0
         except (KeyError, TypeError, ValueError):
             continue
-        if after.get("kind") == "validation":
-            accounted = float(after.get("seconds") or 0.0)
-        else:
-            rate = after.get("samples_per_second") or 0
-            samples = (after.get("used_sample") or 0) - (before.get("used_sample") or 0)
-            accounted = samples / rate if rate and samples > 0 else 0.0
         if elapsed - accounted > STOP_SECONDS:
             found.append(Stop(step, elapsed - accounted, "pause", step))
     last = history[-1] if history else {}

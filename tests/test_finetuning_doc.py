@@ -93,7 +93,7 @@ def test_every_command_of_the_page_runs(tmp_path, monkeypatch):
                           "dropped\trating:explicit", "dropped\thatsune_miku"]
     assert (tmp_path / "my-bundle" / "model.onnx").is_file()
     rows = (tmp_path / "my-bundle" / "selected_tags.csv").read_text().splitlines()
-    assert rows[0] == "tag_id,name,category,count,best_threshold,best_f1"
+    assert rows[0] == "tag_id,name,category,count,best_threshold,best_f1,use"
     # WD's four rating rows come first, as the tagger tools read them by position.
     assert [row.split(",")[1:3] for row in rows[1:5]] == [[name, "9"] for name in
                                                           ("general", "sensitive", "questionable", "explicit")]

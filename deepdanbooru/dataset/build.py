@@ -7,6 +7,7 @@ derives tags.txt from the posts a project will actually train on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import sys
@@ -261,8 +262,7 @@ def _group(temporary, output, source, echo, progress) -> None:
 def _copy(connection, source, select, temporary, output, start_id, end_id, use_deleted, chunk_size, total,
           vacuum, progress) -> CopySummary:
     summary = CopySummary()
-    target = _open_target(temporary)
-    try:
+    with _target(temporary, vacuum, progress) as target:
         next_id, read = start_id, 0
         while next_id <= end_id:
             try:
@@ -284,29 +284,31 @@ def _copy(connection, source, select, temporary, output, start_id, end_id, use_d
             if len(rows) < chunk_size:
                 break
             next_id = rows[-1][0] + 1
+    return summary
+
+
+@contextlib.contextmanager
+def _target(temporary, vacuum, progress):
+    """The temporary database the posts go into: vacuumed (with --vacuum) once every post is in, closed always."""
+    target = sqlite3.connect(temporary)
+    try:
+        # The temporary file is thrown away on any failure, so a journal buys nothing.
+        target.execute("PRAGMA journal_mode=OFF")
+        target.execute("PRAGMA synchronous=OFF")
+        target.execute(POSTS_SCHEMA)
+        yield target
         if vacuum:
             progress("vacuum ...")
             target.execute("VACUUM")
     finally:
         target.close()
-    return summary
-
-
-def _open_target(temporary):
-    target = sqlite3.connect(temporary)
-    # The temporary file is thrown away on any failure, so a journal buys nothing.
-    target.execute("PRAGMA journal_mode=OFF")
-    target.execute("PRAGMA synchronous=OFF")
-    target.execute(POSTS_SCHEMA)
-    return target
 
 
 def _copy_posts(reader, source, temporary, output, use_deleted, chunk_size, start_id, end_id, vacuum,
                 progress) -> CopySummary:
     """The posts of a JSON or Parquet file (post_files.PostFile), chunk by chunk, into the temporary database."""
     summary = CopySummary()
-    target = _open_target(temporary)
-    try:
+    with _target(temporary, vacuum, progress) as target:
         read = 0
         for chunk in reader.chunks(chunk_size, start_id, end_id):
             batch = _convert([row for row, _ in chunk], source, use_deleted, summary)
@@ -324,11 +326,6 @@ def _copy_posts(reader, source, temporary, output, use_deleted, chunk_size, star
             read += len(chunk)
             if len(chunk) == chunk_size:
                 progress(progress_text(reader, read))
-        if vacuum:
-            progress("vacuum ...")
-            target.execute("VACUUM")
-    finally:
-        target.close()
     return summary
 
 

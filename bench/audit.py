@@ -165,7 +165,7 @@ def emoji_subset(source: Path, target: Path, count: int, seed: int = 0) -> None:
 
 
 def inject_common(database: Path, seed: int = 0) -> set:
-    """The issue's mistakes: one common tag (the COMMON_TAGS most carried) removed from REMOVED_POSTS of the
+    """The injected mistakes: one common tag (the COMMON_TAGS most carried) removed from REMOVED_POSTS of the
     posts (drawn among those carrying one) and one common tag a post lacks added to ADDED_POSTS of them
     (other posts). Returns the injected (id, tag) pairs."""
     rng = np.random.default_rng(seed)
@@ -194,7 +194,7 @@ def inject_common(database: Path, seed: int = 0) -> set:
 
 
 def emoji_case(args) -> None:
-    """The issue's case on drawn pictures: --count posts of --emoji with the common-tag mistakes injected,
+    """The case on drawn pictures: --count posts of --emoji with the common-tag mistakes injected,
     audited with --model-path and with 3 folds of --fold-time each; figures from each audit's outputs."""
     work = args.work or Path(tempfile.mkdtemp(prefix="audit-emoji-"))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,7 @@ def write_sources(folder: Path, count: int) -> dict[str, Path]:
 
 
 def pinned():
-    """Run the child on one core, as the issue's measurements ask."""
+    """Run the child on one core, as the measurements are quoted (pictures a second, one core)."""
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
 

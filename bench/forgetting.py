@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 def goals(source_ap: dict, support: dict, ap: dict, new_tags: list[str], min_positives: int = 10,
           loss: float = 0.02) -> dict:
-    """The issue's figures from per-tag APs: source_ap/support over the known tags, ap over every tag."""
+    """The keeping figures from per-tag APs: source_ap/support over the known tags, ap over every tag."""
     known = [tag for tag, value in source_ap.items() if value is not None and support.get(tag, 0) >= min_positives]
     before = np.array([source_ap[tag] for tag in known])
     after = np.array([ap[tag] for tag in known])

@@ -18,6 +18,10 @@ compared tag by tag:
 for every weight (WiSE-FT), the start being the source with its head mapped onto tags.txt as the
 trainer maps it (a = 0 is the start: its figures must equal source_tag_ap.json's; a = 1 the export).
 This is what the run's own `wise_ft` does at its end, measured here on a run made without it.
+--head-alphas gives the head's rows of the tags the source knew a mix of their own (every pair of
+--alphas and --head-alphas, keyed 'a/h'); --halves measures every mix again on each half of the
+validation posts (every other post), so that a mix chosen on one half can be scored on the other
+(bench/forgetting_choice.py). The output holds every mix's per-tag AP under "per_tag_ap".
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def goals(source_ap: dict, support: dict, ap: dict, new_tags: list[str], min_pos
 class Measurer:
     """A project's validation split, ready to measure any model of its tags."""
 
-    def __init__(self, project: Path, batch_size: int = 64):
+    def __init__(self, project: Path, batch_size: int = 64, half: int | None = None):
         from deepdanbooru.inference.project_metrics import select_records
         from deepdanbooru.models.losses import project_loss
         from deepdanbooru.pipeline import Fill, inference_dataset
@@ -72,6 +76,8 @@ class Measurer:
             self.config = load_config(project)
         self.tags = load_tags(self.config.project_dir / "tags.txt")
         records = select_records(self.config, "validation")
+        if half is not None:  # every other post of the split, from the first (0) or the second (1)
+            records = records.subset(range(half, len(records), 2))
         self.records = len(records.paths())
         self.loss = project_loss(self.config, "none")
         self.dataset = inference_dataset(records.paths(), height=self.config.image_height,
@@ -110,15 +116,21 @@ def start_model(project: Path, source: Path, source_tags: Path | None, measurer:
     return grown, names
 
 
-def mixed(start, end, alpha: float, into) -> None:
-    """into's weights = (1 - alpha) * start + alpha * end, layer by layer (matched by name)."""
+def mixed(start, end, alpha: float, into, head=None) -> None:
+    """into's weights = (1 - alpha) * start + alpha * end, layer by layer (matched by name). head, if given, is
+    (layer name, the known tags' output columns, their own alpha): those columns of the head's kernel and bias
+    mix at that alpha instead, the rest of the head and every other layer at `alpha`."""
     for layer in into.layers:
         if not layer.weights:
             continue
         a = start.get_layer(layer.name).get_weights()
         b = end.get_layer(layer.name).get_weights()
-        layer.set_weights([(1.0 - alpha) * x + alpha * y if np.issubdtype(y.dtype, np.floating) else y
-                           for x, y in zip(a, b)])
+        out = [(1.0 - alpha) * x + alpha * y if np.issubdtype(y.dtype, np.floating) else y for x, y in zip(a, b)]
+        if head is not None and layer.name == head[0]:
+            columns, rate = head[1], head[2]
+            for x, y, mix in zip(a, b, out):
+                mix[..., columns] = (1.0 - rate) * x[..., columns] + rate * y[..., columns]
+        layer.set_weights(out)
 
 
 def last_export(project: Path) -> Path:
@@ -136,6 +148,11 @@ def main(argv=None) -> int:
     parser.add_argument("--source-model", type=Path, required=True)
     parser.add_argument("--source-tags", type=Path)
     parser.add_argument("--alphas", default="1", help="comma-separated WiSE-FT mixing weights (1: the export)")
+    parser.add_argument("--head-alphas", help="comma-separated mixing weights for the known tags' rows of the head "
+                        "alone, each measured with every --alphas for the rest of the network (keys 'a/h')")
+    parser.add_argument("--halves", action="store_true", help="also measure each mix on every other validation post "
+                        "(the first and the second half, per_tag_ap keys 'a@half0', 'a@half1'): a mix chosen on one "
+                        "half is scored on posts that did not choose it")
     parser.add_argument("--min-positives", type=int, default=10)
     parser.add_argument("--also-min-positives", type=int, help="the known-tag figures again at this minimum")
     parser.add_argument("--loss", type=float, default=0.02)
@@ -148,13 +165,16 @@ def main(argv=None) -> int:
     from deepdanbooru.inference.model_files import resolve_model_files
     from deepdanbooru.inference.predict import configure_devices
     from deepdanbooru.models.files import load_model_file
+    from deepdanbooru.models.head import head_layer
 
     configure_devices(False)
     alphas = [float(a) for a in args.alphas.split(",")]
+    head_alphas = [float(a) for a in args.head_alphas.split(",")] if args.head_alphas else [None]
     results = {}
     for project in args.projects:
         start_file = json.loads((project / "logs" / "source_tag_ap.json").read_text())
         measurer = Measurer(project)
+        halves = [Measurer(project, half=half) for half in (0, 1)] if args.halves else []
         best = resolve_model_files(project).model  # the export evaluate-project uses: the best one
         export = last_export(project)
         end = load_model_file(export)
@@ -162,14 +182,20 @@ def main(argv=None) -> int:
         known = {tag_key(tag) for tag in names}
         new_tags = [tag for tag in measurer.tags if tag_key(tag) not in known]
         work = keras.models.clone_model(end)
-        rows = {}
-        for alpha in ["best", *alphas]:
+        head = head_layer(end).name
+        known_columns = np.array([i for i, tag in enumerate(measurer.tags) if tag_key(tag) in known], dtype=np.int64)
+        rows, per_tag = {}, {}
+        for alpha, rate in [("best", None), *((a, h) for a in alphas for h in head_alphas)]:
+            key = alpha if alpha == "best" else f"{alpha:g}" + ("" if rate is None else f"/{rate:g}")
             if alpha == "best":
                 ap, name = measurer.ap(load_model_file(best)), f"best export ({best.name})"
             else:
-                mixed(start, end, alpha, work)
-                ap, name = measurer.ap(work), f"a={alpha:g} of {export.name}"
-            key = alpha if alpha == "best" else f"{alpha:g}"
+                mixed(start, end, alpha, work, None if rate is None else (head, known_columns, rate))
+                ap, name = measurer.ap(work), f"a={key} of {export.name}"
+            per_tag[key] = ap
+            if halves and alpha != "best":
+                for half, part in enumerate(halves):
+                    per_tag[f"{key}@half{half}"] = part.ap(work)
             rows[key] = goals(start_file["ap"], start_file["support"], ap, new_tags, args.min_positives, args.loss)
             row = rows[key]
             if args.also_min_positives:  # the same figures over the known tags of fewer positives too
@@ -186,7 +212,7 @@ def main(argv=None) -> int:
                       f"{wide['known_map_before']:.4f} -> {wide['known_map_after']:.4f}, lost {wide['known_lost']} "
                       f"({wide['known_lost_share']:.1%}), gained {wide['known_gained']}", flush=True)
         results[str(project)] = {"export": str(export), "best": str(best), "validation_records": measurer.records,
-                                 "source_map": start_file["map"], "alphas": rows}
+                                 "source_map": start_file["map"], "alphas": rows, "per_tag_ap": per_tag}
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written: {args.out}")
     return 0

@@ -95,3 +95,14 @@ def test_bound_parameters_not_interpolated(tmp_path):
     db = make_db(tmp_path / "db.sqlite", [(1, "ab", "png", "a", 5)])
     # An extension that would break string-built SQL is just a value that matches nothing.
     assert len(load_records(db, 0, ("png') OR 1=1 --",))) == 0
+
+
+@pytest.mark.parametrize("folder", ["a?b", "c#d", "e%41f"])
+def test_a_database_in_a_folder_whose_name_holds_uri_characters_is_read_and_nothing_else_is_made(tmp_path, folder):
+    # A raw '?' or '#' ended the URI's path at the folder's name: SQLite opened (and created) another file.
+    (tmp_path / folder).mkdir()
+    db = make_db(tmp_path / folder / "db.sqlite", [(1, "aabb", "jpg", "a b", 2)])
+    before = sorted(path.name for path in tmp_path.iterdir())
+    records = load_records(db, 0)
+    assert list(records.ids) == [1] and records.tag_strings == ["a b"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == before

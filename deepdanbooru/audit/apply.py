@@ -32,6 +32,7 @@ from deepdanbooru.audit.results import AUDIT_DIR, read_record, read_suggestions
 from deepdanbooru.captions import (DEFAULT_EXTENSION, DEFAULT_SEPARATOR, CaptionError, caption_extension,
                                    format_caption, multi_word_spelling, parse_caption, read_caption, read_tag,
                                    split_caption, tag_key, write_tag)
+from deepdanbooru.dataset.records import read_only_uri
 from deepdanbooru.errors import DatasetError, UserError, file_field
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.project.categories import GENERAL, RATING_PREFIX, tag_categories
@@ -93,7 +94,7 @@ def _check_rows(path, rows, record) -> None:
 
 def _current_posts(database: Path, ids) -> dict:
     try:
-        connection = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+        connection = sqlite3.connect(read_only_uri(database), uri=True)
         try:
             rows = {}
             for start in range(0, len(ids), 500):
@@ -350,7 +351,7 @@ def _backup(root: Path, database: Path, caption_files, captions_folder) -> Path:
         folder = folder.with_name(f"{stamp}-{suffix}")
     try:
         folder.mkdir(parents=True)
-        source = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
+        source = sqlite3.connect(read_only_uri(database), uri=True)
         target = sqlite3.connect(folder / database.name)
         try:
             source.backup(target)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deepdanbooru.dataset.records import IMAGES_DIR, Records
+from deepdanbooru.dataset.records import IMAGES_DIR, Records, read_only_uri
 from deepdanbooru.errors import DatasetError, TrainingError, UserError, file_field
 from deepdanbooru.fileio import create_beside, write_text_atomic
 from deepdanbooru.project.categories import CATEGORIES_FILE
@@ -170,7 +170,7 @@ def _copy_posts(source: Path, target: Path, ids) -> None:
     try:
         connection = sqlite3.connect(temporary)
         try:
-            connection.execute("ATTACH DATABASE ? AS source", (f"file:{Path(source).resolve()}?mode=ro",))
+            connection.execute("ATTACH DATABASE ? AS source", (read_only_uri(source),))
         except sqlite3.OperationalError:
             connection.execute("ATTACH DATABASE ? AS source", (str(Path(source).resolve()),))
         schema = connection.execute("SELECT sql FROM source.sqlite_master WHERE type = 'table' AND name = 'posts'")

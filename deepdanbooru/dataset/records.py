@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+import urllib.parse
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,12 +77,18 @@ def check_md5(md5, row_id, source) -> str:
     return md5
 
 
+def read_only_uri(database_path) -> str:
+    """SQLite's URI for opening database_path read-only. The path is percent-encoded: a raw '?' or '#' in a folder
+    name would end the path there (SQLite then opened, and created, another file), and a '%' would be decoded."""
+    return f"file:{urllib.parse.quote(str(Path(database_path).resolve()), safe='/')}?mode=ro"
+
+
 def connect_read_only(database_path) -> sqlite3.Connection:
     database_path = Path(database_path)
     if not database_path.is_file():
         raise DatasetError(file_field(database_path, None, "database file not found"))
     try:
-        connection = sqlite3.connect(f"file:{database_path}?mode=ro", uri=True)
+        connection = sqlite3.connect(read_only_uri(database_path), uri=True)
         connection.execute("SELECT 1 FROM sqlite_master LIMIT 1")
     except sqlite3.DatabaseError as error:
         raise DatasetError(file_field(database_path, None, f"not a readable SQLite database: {error}")) from None

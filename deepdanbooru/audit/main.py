@@ -212,7 +212,7 @@ def finish(paths, records, tags, kept, scores, columns, source, top, echo, group
         summary["warnings"].append(weak)
         echo(f"warning: {weak}")
     csv_path, _ = write_results(paths.root, suggestions, posts, records.database_path, source, audited, summary)
-    page = write_page(paths.root, suggestions, records)
+    page = write_page(paths.root, suggestions, records, summary)
     missing = sum(s.given == 0 for s in suggestions)
     floor = min((s.probability for s in suggestions), default=None)
     estimated = round(ranking.estimated_errors)

@@ -23,12 +23,11 @@ import base64
 import hashlib
 import html
 import io
-import json
 from pathlib import Path
 
 from PIL import Image
 
-from deepdanbooru.audit.results import AUDIT_DIR, AUDIT_JSON, csv_text
+from deepdanbooru.audit.results import csv_text
 from deepdanbooru.fileio import write_text_atomic
 from deepdanbooru.pagedata import data_element
 from deepdanbooru.wording import plural
@@ -230,15 +229,6 @@ def audit_notes(record: dict) -> tuple[list[str], list[str]]:
     return notes, warnings
 
 
-def _record_of(project_root: Path) -> dict:
-    """audit/audit.json as written just before the page, or {} when it cannot be read (the page shows no notes)."""
-    try:
-        record = json.loads((project_root / AUDIT_DIR / AUDIT_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
 def _wording(probability: bool) -> tuple[str, str, str]:
     """(the figure's column header, what the probability filter reads, the paragraph saying what the figures are)."""
     scores = ("The model's score: what the model gives the tag on the picture (0 to 1), from a model that did "
@@ -290,7 +280,8 @@ def page_html(title: str, suggestions, pictures: dict, tags: dict, page_id: str,
 """
 
 
-def write_page(project_root: Path, suggestions, records) -> Path:
+def write_page(project_root: Path, suggestions, records, summary: dict | None = None) -> Path:
+    """audit.html; `summary`: what the audit found about itself, as audit/audit.json records it (its head notes)."""
     from deepdanbooru.report.progress import Bar
 
     index_of = {post_id: index for index, post_id in enumerate(records.ids)}
@@ -312,5 +303,5 @@ def write_page(project_root: Path, suggestions, records) -> Path:
     page_id = f"{project_root.resolve()}:{digest}"
     path = project_root / PAGE_FILE
     write_text_atomic(path, page_html(f"Tag audit of {project_root.resolve().name}", suggestions, pictures, tags,
-                                      page_id, str(project_root), _record_of(project_root)))
+                                      page_id, str(project_root), summary))
     return path

@@ -127,8 +127,9 @@ def _check_state(state_path: Path, state: dict, audit_dir: Path, tags_path: Path
 
 
 def _tags_change(then: list, now: list) -> str:
-    added = [tag for tag in now if tag not in set(then)]
-    removed = [tag for tag in then if tag not in set(now)]
+    before, after = set(then), set(now)
+    added = [tag for tag in now if tag not in before]
+    removed = [tag for tag in then if tag not in after]
     parts = [f"{len(then):,} tags then, {len(now):,} now"]
     if added:
         parts.append(f"added: {', '.join(added[:3])}{' ...' if len(added) > 3 else ''}")

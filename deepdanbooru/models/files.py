@@ -15,7 +15,7 @@ import keras
 
 from deepdanbooru import compat
 from deepdanbooru.errors import ModelError, file_field
-from deepdanbooru.models.sourceinfo import keras_archive_problem
+from deepdanbooru.models.sourceinfo import check_keras_archive
 from deepdanbooru.models.vocabulary import write_model_tags
 
 MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
@@ -46,10 +46,8 @@ def load_model_file(path) -> keras.Model:
         raise ModelError(file_field(path, None, "model file not found"))
     if path.suffix.lower() not in MODEL_SUFFIXES:
         raise ModelError(file_field(path, None, f"expected a {' or '.join(MODEL_SUFFIXES)} model file"))
-    problem = keras_archive_problem(path) if path.suffix.lower() == ".keras" else None
-    if problem is not None:
-        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {problem}; a .keras model is a "
-                                                "zip archive as Keras saves it"))
+    if path.suffix.lower() == ".keras":
+        check_keras_archive(path)
     try:
         model = keras.models.load_model(path, compile=False, custom_objects=_LEGACY_OBJECTS)
     except Exception as error:  # Keras raises anything from OSError to TypeError here.

@@ -25,10 +25,16 @@ class SourceNetwork:
     outputs: int | None  # the source's own head rows
 
 
-def keras_archive_problem(path: Path) -> str | None:
-    """Why the .keras file `path` cannot be a model Keras saved (not a zip archive, or one without config.json),
-    or None. Keras itself says "File not found" of such a file, which is there."""
-    path = Path(path)
+def check_keras_archive(path: Path) -> None:
+    """One line naming the .keras file `path` when it cannot be a model Keras saved (not a zip archive, or one
+    without config.json). Keras itself says "File not found" of such a file, which is there."""
+    problem = _keras_archive_problem(Path(path))
+    if problem is not None:
+        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {problem}; a .keras model is a "
+                                                "zip archive as Keras saves it"))
+
+
+def _keras_archive_problem(path: Path) -> str | None:
     if not zipfile.is_zipfile(path):
         size = path.stat().st_size
         return "it is empty (0 bytes)" if size == 0 else \
@@ -44,10 +50,7 @@ def keras_archive_problem(path: Path) -> str | None:
 
 
 def _keras_name(path: Path) -> str | None:
-    problem = keras_archive_problem(path)
-    if problem is not None:
-        raise ModelError(file_field(path, None, f"cannot be opened as a Keras model: {problem}; a .keras model is a "
-                                                "zip archive as Keras saves it"))
+    check_keras_archive(path)
     try:
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json").decode("utf-8"))

@@ -165,8 +165,10 @@ def read_source_figures(project_dir: Path, split: str, start_id, end_id, records
 
 def per_tag_rows(tags, result: dict, source: SourceFigures | None) -> list[dict]:
     """One dict per tag (PER_TAG_FIELDS); a figure that measures nothing (no positive in the split) is None."""
+    from deepdanbooru.scoring.thresholds import f1_scores
+
     per_tag = result["per_tag"]
-    tp, fp, fn = (per_tag[key] for key in ("tp", "fp", "fn"))
+    at_threshold = f1_scores(per_tag["tp"], per_tag["fp"], per_tag["fn"])
 
     def number(value, digits=6):
         value = float(value)
@@ -177,7 +179,6 @@ def per_tag_rows(tags, result: dict, source: SourceFigures | None) -> list[dict]
         positives = int(per_tag["support"][index])
         measured = positives > 0
         known = source is not None and source.same_posts and source.ap.get(tag) is not None
-        at_threshold = 2 * int(tp[index]) / max(1, 2 * int(tp[index]) + int(fp[index]) + int(fn[index]))
         rows.append({
             "tag": tag,
             "positives": positives,
@@ -188,7 +189,7 @@ def per_tag_rows(tags, result: dict, source: SourceFigures | None) -> list[dict]
             "withheld": bool(per_tag["withheld"][index]),
             "precision": number(per_tag["precision"][index]) if measured else None,
             "recall": number(per_tag["recall"][index]) if measured else None,
-            "f1_at_threshold": number(at_threshold) if measured else None,
+            "f1_at_threshold": number(at_threshold[index]) if measured else None,
             "source_ap": number(source.ap[tag]) if known else None,
         })
     return rows

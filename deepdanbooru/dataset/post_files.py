@@ -146,7 +146,8 @@ def post_row(post, source, where, summary: ReadSummary) -> tuple:
         # No categories anywhere: every tag but the rating system tags counts as general.
         count = sum(1 for tag in tag_string.split() if not tag.startswith("rating:"))
     elif not isinstance(count, int) or isinstance(count, bool):
-        count = _integer(count) if _integer(count) is not None else count
+        whole = _integer(count)
+        count = count if whole is None else whole
     rating, deleted = post.get("rating"), post.get("is_deleted")
     if rating is not None:
         summary.seen.add("rating")

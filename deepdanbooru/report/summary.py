@@ -29,8 +29,8 @@ class Stop:
 
     @property
     def label(self) -> str:
-        """A chart's word for it."""
-        return {"pause": "pause", "killed": "killed"}.get(self.reason, self.reason)
+        """A chart's word for it: the reason as the history names it."""
+        return self.reason
 
     def text(self) -> str:
         if self.reason == "pause":

@@ -195,7 +195,7 @@ class ValidationMetrics:
         else:
             global_threshold = float(self._edges[global_index])
         published = _PublishedFigures(self.n_tags, self.categories, self._edges)
-        per_tag = self._per_tag_thresholds(global_index, global_threshold, published)
+        per_tag = self._per_tag_thresholds(published)
 
 
         loss = self._loss_sum / self._loss_samples if self._loss_samples else None
@@ -262,7 +262,7 @@ class ValidationMetrics:
         index = int(best_threshold_indices(curve)[0])
         return index, (int(positives[index]), int(negatives[index]), total - int(positives[index]))
 
-    def _per_tag_thresholds(self, global_index, global_threshold, published: "_PublishedFigures") -> dict:
+    def _per_tag_thresholds(self, published: "_PublishedFigures") -> dict:
         """Per-tag default thresholds, F1 and AP; feeds `published` the same chunks' curves (computed once).
 
         The policy (scoring.thresholds.ThresholdPolicy): a tag keeps its own F1-best threshold only where it is

@@ -328,9 +328,9 @@ class ValidationMetrics:
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             part = slice(start, stop)
-            beyond = np.arange(self.bins + 1)[None, :] >= index[part, None]
-            chosen_tp = (self._histogram[1, part] * beyond).sum(axis=1, dtype=np.int64)
-            chosen_fp = (self._histogram[0, part] * beyond).sum(axis=1, dtype=np.int64)
+            rows = np.arange(stop - start)
+            chosen_tp = _tails(self._histogram[1, part].astype(np.int64))[rows, index[part]]
+            chosen_fp = _tails(self._histogram[0, part].astype(np.int64))[rows, index[part]]
             support = out["support"][part]
             chosen_fn = support - chosen_tp
             withheld = policy.withhold(chosen_tp, chosen_fp, support, self.samples)

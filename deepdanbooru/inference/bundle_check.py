@@ -195,7 +195,6 @@ def check_bundle(bundle, targets, *, project_path=None, model_path=None, tags_pa
 
     evaluated = {index: scores for index, scores in tagger.predict(paths, batch_size, skip)}
     fill_name = "with white" if tagger.fill.padding == "white" else "repeating the border"
-    output_width = None
     for indices, images, skipped in tool_batches(paths, size, batch_size, files.max_image_pixels):
         for index, reason in skipped:
             if index in evaluated:

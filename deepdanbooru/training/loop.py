@@ -20,7 +20,8 @@ same batches with the same augmentation as a run that never stopped.
 SliceTrainer composes the parts, each with one job: making the model
 (training.making), the checkpoint (training.checkpointing), the frozen trunk
 (training.freeze), one slice's steps (training.slices), validation and exports
-(training.outputs), what the run prints (training.reporting).
+(training.outputs), what the run prints (training.reporting), what a fine-tune keeps of its
+source (training.keeping).
 """
 
 from __future__ import annotations
@@ -50,16 +51,14 @@ from deepdanbooru.training.network import Network, export_name, recorded_network
 from deepdanbooru.training.outputs import Outputs
 from deepdanbooru.training.reporting import RunReport
 from deepdanbooru.training.schedule import LearningRateSchedule, Schedule
-from deepdanbooru.training.sharding import (WorkerSums, check_same_setup, every_worker_agrees, leave_together,
+from deepdanbooru.training.sharding import (agree_with_the_other_workers, every_worker_agrees, leave_together,
                                             setup_fingerprints)
 from deepdanbooru.training.slices import SliceRunner
 from deepdanbooru.training.source import claim_project
 from deepdanbooru.training.start import measure_start
 from deepdanbooru.training.step import TrainStep, build_optimizer
 from deepdanbooru.training.strategy import check_global_batch, describe_strategy, synchronize_batch_norm
-from deepdanbooru.training.distill import Distillation
-from deepdanbooru.training.start import shared_tags
-from deepdanbooru.training.wise import StartWeights, check_resumable
+from deepdanbooru.training.keeping import start_weights
 
 
 def _enable_determinism(seed: int) -> None:
@@ -79,7 +78,6 @@ def make_training_optimizer(config, model, policy: str, rate: float):
         policy == MIXED)
     optimizer.build(model.trainable_variables)
     return optimizer, inner
-
 
 
 class SliceTrainer:
@@ -126,7 +124,7 @@ class SliceTrainer:
                                                             self.rates.rate(0, 0))
             self.ema = WeightAverage(self.model, self.config.ema_decay, self.partial.frozen if self.partial else ()) \
                 if self.config.ema_decay else None
-            self.start, self.distill = self._start_weights(recorded)
+            self.start, self.distill = start_weights(plan, self.model, self.partial, self.latest, recorded, echo)
         if self.role.is_chief:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             claim_project(plan, self.latest)
@@ -147,7 +145,8 @@ class SliceTrainer:
         restore_seconds = time.monotonic() - restoring
         if self.distill is not None:
             self.distill.load()
-        self.worker_sums = self._agree_with_the_other_workers()
+        self.worker_sums = agree_with_the_other_workers(strategy, self.role, setup_fingerprints(
+            self.config, self.identity, self.records_hash, self.counters, self.latest))
         if self.fit is not None:
             self.fit.resume(self.counters, restore_seconds, self.worker_sums)
         self.step = TrainStep(strategy, self.model, self.optimizer,
@@ -167,34 +166,6 @@ class SliceTrainer:
             self.budget.final_validations = len(wise.alphas)
         self.slices = SliceRunner(plan, strategy, self.worker_sums, self.step, self.optimizer, self.rates,
                                   self.counters, self.report, self.monitors, self._check_finite)
-
-    def _start_weights(self, recorded) -> tuple[StartWeights | None, Distillation | None]:
-        """The copy of the weights the run starts from (training.wise) that wise_ft mixes with and
-        source_distillation's teacher runs, when the run has a source."""
-        config = self.config
-        if not config.wise_ft and not config.source_distillation:
-            return None, None
-        if self.plan.source_model is None and recorded is None:
-            if config.wise_ft:
-                self.echo(f"notice: wise_ft in {config.config_path} mixes with a --source-model's weights; this run "
-                          "starts from no source, so its exports hold the trained weights")
-            if config.source_distillation:
-                self.echo(f"notice: source_distillation in {config.config_path} learns from a --source-model's "
-                          "scores; this run starts from no source, so it learns from the labels alone")
-            return None, None
-        check_resumable(self.latest, config)
-        start = StartWeights(self.model, config.wise_ft or (), self.partial.frozen if self.partial else ())
-        distill = Distillation(self.model, config.source_distillation, shared_tags(self.plan), start) \
-            if config.source_distillation else None
-        return start, distill
-
-    def _agree_with_the_other_workers(self) -> WorkerSums | None:
-        if not self.role.in_cluster:
-            return None
-        sums = WorkerSums(self.strategy)
-        check_same_setup(sums, self.role, setup_fingerprints(
-            self.config, self.identity, self.records_hash, self.counters, self.latest))
-        return sums
 
     def run(self) -> Counters:
         try:
@@ -302,13 +273,16 @@ class SliceTrainer:
         step = self.step.sums.first_bad()
         if step is None:
             return
-        last = self.keeper.latest_checkpoint
-        kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint was written"
-        raise TrainingError(file_field(
-            self.config.config_path, "learning_rate",
-            f"non-finite loss at step {step} (epoch {self.counters.used_epoch + 1}); training stopped and "
-            f"{kept}. Lower the learning rate (now {self.report.rate()}"
-            ") or set gradient_clip_norm, then run train-project again"))
+        raise non_finite_error(self.config.config_path, step, self.counters.used_epoch, self.report.rate(),
+                               self.keeper.latest_checkpoint)
+
+
+def non_finite_error(config_path, step: int, used_epoch: int, rate, last_checkpoint) -> TrainingError:
+    kept = f"the last good checkpoint {last_checkpoint} is kept" if last_checkpoint else "no checkpoint was written"
+    return TrainingError(file_field(
+        config_path, "learning_rate",
+        f"non-finite loss at step {step} (epoch {used_epoch + 1}); training stopped and {kept}. Lower the "
+        f"learning rate (now {rate}) or set gradient_clip_norm, then run train-project again"))
 
 
 def already_complete(schedule, counters, config_path) -> str:

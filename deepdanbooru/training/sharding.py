@@ -91,3 +91,12 @@ def check_same_setup(sums: WorkerSums, role: ClusterRole, fingerprints: dict[str
             "TF_CONFIG", None,
             f"{role.describe()}: the workers do not train the same setup as the chief ({details}). Every task "
             "must see the same project directory, database and images, e.g. on a shared file system"))
+
+
+def agree_with_the_other_workers(strategy, role: ClusterRole, fingerprints: dict[str, float]) -> WorkerSums | None:
+    """In a cluster: the sums every worker adds into, once every worker is seen to run the same setup."""
+    if not role.in_cluster:
+        return None
+    sums = WorkerSums(strategy)
+    check_same_setup(sums, role, fingerprints)
+    return sums

@@ -1,18 +1,13 @@
 """bench/caption_f1.py's figures: per-picture F1 against the known tags, and the tags landing on most pictures."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "caption_f1.py"
+from bench_modules import load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_caption_f1", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("caption_f1")
 
 
 def test_per_picture_f1_counts_only_the_vocabulary_and_names_tags_on_most_pictures():

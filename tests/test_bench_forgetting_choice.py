@@ -1,19 +1,14 @@
 """bench/forgetting_choice.py: the mix chosen on one half of the validation posts, scored on the other."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "forgetting_choice.py"
+from bench_modules import load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_forgetting_choice", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("forgetting_choice")
 
 
 def test_criteria_and_ties():

@@ -1,6 +1,5 @@
 """bench/quality.py without training: recipe checks, curves from history, the table, the PNG."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -9,6 +8,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from bench_modules import load_bench
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -16,10 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def quality():
     sys.path.insert(0, str(BENCH))
     try:
-        spec = importlib.util.spec_from_file_location("bench_quality", BENCH / "quality.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
+        yield load_bench("quality")
     finally:
         sys.path.remove(str(BENCH))
 

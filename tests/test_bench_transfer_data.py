@@ -1,7 +1,6 @@
 """bench/transfer_data.py on tiny stand-ins for the npm packages: disjoint parts, tags held back."""
 
 import hashlib
-import importlib.util
 import io
 import json
 import sqlite3
@@ -11,16 +10,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from bench_modules import load_bench
+
 KEYWORDS = ["face", "smile", "animal", "cat", "food", "hand", "heart", "star"]
 
 
 @pytest.fixture(scope="module")
 def transfer():
-    spec = importlib.util.spec_from_file_location("bench_transfer_data", BENCH / "transfer_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("transfer_data")
 
 
 def _tgz(path: Path, files: dict[str, bytes]) -> None:

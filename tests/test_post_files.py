@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from deepdanbooru.cli import main
 from deepdanbooru.dataset import post_files
 from deepdanbooru.dataset.post_files import JSON, PARQUET, SQLITE, PostFile, detect_kind
+from test_make_training_database import read_posts
 
 pyarrow = pytest.importorskip("pyarrow")
 import pyarrow.parquet as parquet  # noqa: E402
@@ -78,11 +79,7 @@ def invoke(*args):
 
 
 def rows(path, columns="id, md5, file_ext, tag_string, tag_count_general, rating, score, is_deleted"):
-    connection = sqlite3.connect(path)
-    try:
-        return connection.execute(f"SELECT {columns} FROM posts ORDER BY id").fetchall()
-    finally:
-        connection.close()
+    return read_posts(path, columns)
 
 
 def leftovers(folder):

@@ -89,6 +89,13 @@ class FusedUpdate:
     group's rate does in timm or torch. With none set, Keras's own arithmetic runs untouched.
     Keras hands each replica's (gradient, variable) pairs to `fused_update(distribution, grads_and_vars,
     learning_rate)`; when that returns False, Keras's own update_step runs instead.
+
+    Two more hooks, both off unless set (before the first step): `set_decay_targets(pairs)` ((variable,
+    target) pairs, target a callable giving a tensor of the variable's shape): the decoupled decay of each
+    listed variable pulls it toward target() instead of zero, var -= (var - target) * weight_decay * rate.
+    `set_row_factors(pairs)` ((variable, factor) pairs, factor a callable giving a tensor that broadcasts
+    against the variable): each listed variable moves factor times as far as the step (decay included)
+    would move it, element by element, whatever the optimizer's arithmetic.
     """
 
     def __init__(self, *args, **kwargs):
@@ -96,6 +103,8 @@ class FusedUpdate:
             _require(keras.optimizers.Optimizer, name, f"Optimizer.{name}")
         super().__init__(*args, **kwargs)
         self._rates = _RateFactors(())
+        self._targets = _RateFactors(())
+        self._rows = _RateFactors(())
 
     def fused_update(self, distribution, grads_and_vars, learning_rate) -> bool:
         return False
@@ -103,9 +112,28 @@ class FusedUpdate:
     def set_rate_factors(self, pairs) -> None:
         self._rates = _RateFactors(pairs)
 
+    def set_decay_targets(self, pairs) -> None:
+        self._targets = _RateFactors(pairs)
+
+    def set_row_factors(self, pairs) -> None:
+        self._rows = _RateFactors(pairs)
+
     @property
     def rate_factors(self) -> tuple:
         return self._rates.pairs
+
+    @property
+    def _decays_each(self) -> bool:
+        """Whether decay runs per variable inside the update (_decay_each) rather than as Keras's own pass."""
+        return bool(self._rates.pairs or self._targets.pairs or self._rows.pairs)
+
+    def _listed(self, table, variable):
+        """`variable`'s entry of a pairs table (set_decay_targets, set_row_factors), or None."""
+        if not table.pairs:
+            return None
+        if table.by_index is None:  # the optimizer's indices exist once it is built
+            table.by_index = {variable_index(self, var): value for var, value in table.pairs}
+        return table.by_index.get(variable_index(self, variable))
 
     def rate_for(self, variable, learning_rate):
         """learning_rate times `variable`'s factor; exactly `learning_rate` (no op added) at factor 1."""
@@ -122,28 +150,40 @@ class FusedUpdate:
         return super().update_step(gradient, variable, self.rate_for(variable, learning_rate))
 
     def _apply_weight_decay(self, variables):
-        if not self.rate_factors:
+        if not self._decays_each:
             super()._apply_weight_decay(variables)
         # Otherwise each variable decays at its own rate just before its update (_distributed_tf_update_step).
 
     def _decay_each(self, distribution, grads_and_vars, learning_rate):
-        """Keras's decoupled decay, var -= var * weight_decay * rate, at each variable's rate."""
+        """Keras's decoupled decay, var -= (var - target) * weight_decay * rate, at each variable's rate, toward
+        its target (set_decay_targets) or zero."""
         for _, var in grads_and_vars:
             if not self._use_weight_decay(var):
                 continue
             rate = self.rate_for(var, learning_rate)
+            target = self._listed(self._targets, var)
 
-            def decay(variable, rate=rate):
-                variable.assign_sub(variable * tf.cast(self.weight_decay, variable.dtype)
-                                    * tf.cast(rate, variable.dtype))
+            def decay(variable, rate=rate, target=target):
+                pull = variable if target is None else variable - tf.cast(target(), variable.dtype)
+                variable.assign_sub(pull * tf.cast(self.weight_decay, variable.dtype) * tf.cast(rate, variable.dtype))
 
             distribution.extended.update(var, decay, group=False)
 
     def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
-        if self.rate_factors and self.weight_decay is not None:
+        grads_and_vars = list(grads_and_vars)
+        rows = [(var, factor) for _, var in grads_and_vars
+                if (factor := self._listed(self._rows, var)) is not None]
+        before = [tf.identity(var) for var, _ in rows]
+        if self._decays_each and self.weight_decay is not None:
             self._decay_each(distribution, grads_and_vars, learning_rate)
         if not self.fused_update(distribution, grads_and_vars, learning_rate):
-            return super()._distributed_tf_update_step(distribution, grads_and_vars, learning_rate)
+            super()._distributed_tf_update_step(distribution, grads_and_vars, learning_rate)
+        for (var, factor), was in zip(rows, before):
+
+            def scale(variable, was, factor=factor):
+                variable.assign(was + tf.cast(factor(), variable.dtype) * (variable - was))
+
+            distribution.extended.update(var, scale, args=(was,), group=False)
         return None
 
 

@@ -29,6 +29,7 @@ FIT = "fit"
 JIT_AUTO = "auto"  # jit_compile: XLA where it measured faster (compiling.xla_pays)
 HEAD_BIAS_INITS = ("zeros", "log_prior")
 TAG_LOSS_WEIGHTS = ("log_frequency",)
+DECAY_TOWARD = ("zero", "start")
 # adamw and lamb decay by this much when weight_decay is null (timm's and ConvNeXt's usual AdamW value).
 DEFAULT_WEIGHT_DECAY = 0.05
 BEST_MODEL_METRICS = ("macro_f1", "micro_f1", "map", "mcc", "loss")
@@ -465,6 +466,17 @@ KEYS: tuple[Key, ...] = (
         "began from, run on the same batch (learning without forgetting, see docs/finetuning.md); a checkpoint "
         "written without it does not resume with it; null: the labels alone",
         "float or null", "> 0", spec=False),
+    Key("weight_decay_toward", None, _optional_choice(DECAY_TOWARD),
+        "optimizer adamw or lamb, with --source-model: what the decoupled weight decay pulls each weight toward; "
+        "start: the value the run began from, w -= rate * weight_decay * (w - start) (L2-SP; the head's columns of "
+        "tags the source does not know toward zero), so a larger weight_decay holds the fine-tune nearer the "
+        "source (see docs/finetuning.md); a checkpoint written without it does not resume with it; null or zero: "
+        "toward zero", "str or null", ", ".join(DECAY_TOWARD), spec=False),
+    Key("known_head_rate", None, _optional_float(minimum=0.0),
+        "with --source-model: the head's kernel columns and bias entries of the tags the source knows move this "
+        "many times as far each step as the optimizer moves them (their learning rate and decay times it; the "
+        "rest of the network and the new tags' rows at the full rate); a checkpoint written without it does not "
+        "resume with it; null: the full rate", "float or null", ">= 0", spec=False),
     Key("resample_positions", False, _bool,
         "with a ViT or EVA02 timm checkpoint folder as --source-model whose input size is not image_width x "
         "image_height: resample its position table bicubically to the project's token grid (EVA02's rotary "
@@ -498,6 +510,7 @@ USED_ONLY_WITH = {
     "asl_gamma_pos": ("loss", ("asymmetric",)),
     "asl_clip": ("loss", ("asymmetric",)),
     "weight_decay": ("optimizer", ("adamw", "lamb")),
+    "weight_decay_toward": ("optimizer", ("adamw", "lamb")),
     "warmup_epochs": ("lr_schedule", ("warmup_cosine",)),
     "min_learning_rate": ("lr_schedule", ("warmup_cosine",)),
     "learning_rates": ("lr_schedule", ("steps",)),
@@ -558,6 +571,8 @@ class ProjectConfig:
     trainable_blocks: int | None
     wise_ft: tuple[float, ...] | None
     source_distillation: float | None
+    weight_decay_toward: str | None
+    known_head_rate: float | None
     resample_positions: bool
     padding: str
     alpha: str

@@ -70,9 +70,10 @@ class CheckpointKeeper:
     """Restores the latest checkpoint into the run's objects, saves new ones, mirrors them to state.json."""
 
     def __init__(self, run, latest: str | None, model, optimizer, inner, ema, monitors, echo=print, start=None,
-                 distill=None):
-        """`start`: training.wise.StartWeights (wise_ft, source_distillation), `distill`: training.distill's
-        Distillation, each kept in every checkpoint (None: off)."""
+                 distill=None, anchor=None):
+        """`start`: training.wise.StartWeights (wise_ft, source_distillation, training.anchor's keys), `distill`:
+        training.distill's Distillation, `anchor`: training.anchor's SourceAnchor, each kept in every checkpoint
+        (None: off)."""
         self.run, self.latest, self.ema, self.echo = run, latest, ema, echo
         self.state = ResumeState()
         self.core = dict(model=model, optimizer=inner, state=self.state, loss_scale=LossScaleState(optimizer))
@@ -82,6 +83,8 @@ class CheckpointKeeper:
             self.core["start_weights"] = start.state
         if distill is not None:
             self.core["source_distillation"] = distill.state
+        if anchor is not None:
+            self.core["source_anchor"] = anchor.state
         # The network record is not core: a checkpoint written before it existed still resumes.
         self.checkpoint = tf.train.Checkpoint(**self.core, network=NetworkState(run.network),
                                               monitors=monitor_state(monitors))

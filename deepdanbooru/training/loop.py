@@ -124,7 +124,8 @@ class SliceTrainer:
                                                             self.rates.rate(0, 0))
             self.ema = WeightAverage(self.model, self.config.ema_decay, self.partial.frozen if self.partial else ()) \
                 if self.config.ema_decay else None
-            self.start, self.distill = start_weights(plan, self.model, self.partial, self.latest, recorded, echo)
+            self.start, self.distill, anchor = start_weights(plan, self.model, inner, self.partial, self.latest,
+                                                             recorded, echo)
         if self.role.is_chief:
             # Only once the model is made: a --source-model refused there leaves the project as it was.
             claim_project(plan, self.latest)
@@ -139,7 +140,7 @@ class SliceTrainer:
             echo(f"Exports: {self.paths.final_export(self.exports).name} and the others of its name, after the "
                  f"network that trains (project.json's model {self.config.model} names runs from the model table)")
         self.keeper = CheckpointKeeper(self, self.latest, self.model, self.optimizer, inner, self.ema,
-                                       self.monitors, echo, start=self.start, distill=self.distill)
+                                       self.monitors, echo, start=self.start, distill=self.distill, anchor=anchor)
         restoring = time.monotonic()
         self.counters = self.keeper.restore()
         restore_seconds = time.monotonic() - restoring

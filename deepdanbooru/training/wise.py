@@ -77,14 +77,17 @@ def checkpoint_holds(checkpoint_path: str, key: str) -> bool:
 
 
 def check_resumable(latest: str | None, config) -> None:
-    """A run resumed with wise_ft or source_distillation needs what its checkpoint records of the start: one
-    written without the key has none."""
+    """A run resumed with wise_ft, source_distillation, weight_decay_toward "start" or known_head_rate needs what
+    its checkpoint records of the start: one written without the key has none."""
+    from deepdanbooru.training.anchor import CHECKPOINT_KEY as ANCHORED
     from deepdanbooru.training.distill import CHECKPOINT_KEY as DISTILLED
 
     if not latest:
         return
-    for key, needs in (("wise_ft", (CHECKPOINT_KEY,)), ("source_distillation", (CHECKPOINT_KEY, DISTILLED))):
-        if getattr(config, key) and not all(checkpoint_holds(latest, name) for name in needs):
+    anchored = (CHECKPOINT_KEY, ANCHORED)
+    for key, needs in (("wise_ft", (CHECKPOINT_KEY,)), ("source_distillation", (CHECKPOINT_KEY, DISTILLED)),
+                       ("weight_decay_toward", anchored), ("known_head_rate", anchored)):
+        if getattr(config, key) not in (None, "zero") and not all(checkpoint_holds(latest, name) for name in needs):
             raise TrainingError(file_field(config.config_path, key, (
                 f"{latest} was written without {key}, so it does not hold what the run started from; set {key} "
                 "back to null to resume it, or start the run again (delete the checkpoints folder) to use it")))

@@ -176,7 +176,7 @@ def test_vit_converts_to_onnx(trained, tmp_path):
     conversions passed when the rows were added and are not repeated in CI: TFLite takes every TensorFlow op
     these use, ConvNeXt's depthwise convs and EfficientNetV2's layers are standard ONNX ops."""
     name = "vit_small_patch16"
-    from deepdanbooru.inference.convert import onnx_available
+    from deepdanbooru.inference.onnx_graph import onnx_available
 
     if not onnx_available():
         pytest.skip("tf2onnx and onnxruntime are not installed")

@@ -318,9 +318,9 @@ def test_bad_destinations_and_models_get_one_line_and_nothing_written(bundled, t
 
 
 def test_without_onnx_packages_the_command_says_how_to_install(bundled, tmp_path, monkeypatch):
-    from deepdanbooru.inference import convert
+    from deepdanbooru.inference import onnx_graph
 
-    monkeypatch.setattr(convert, "onnx_available", lambda: False)
+    monkeypatch.setattr(onnx_graph, "onnx_available", lambda: False)
     result = run_cli("export-bundle", bundled[0], tmp_path / "out")
     assert result.exit_code == 2
     assert "export-bundle needs the optional packages tf2onnx and onnxruntime" in result.output

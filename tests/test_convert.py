@@ -217,9 +217,9 @@ def test_onnx_matches_keras(tmp_path, keras_model):
 
 
 def test_onnx_without_the_optional_packages_says_how_to_install(tmp_path, keras_model, monkeypatch):
-    from deepdanbooru.inference import convert
+    from deepdanbooru.inference import onnx_graph
 
-    monkeypatch.setattr(convert, "onnx_available", lambda: False)
+    monkeypatch.setattr(onnx_graph, "onnx_available", lambda: False)
     path, _ = keras_model
     result = run_cli("conv2tflite", "--model-path", path, "--save-path", tmp_path / "m.onnx")
     assert result.exit_code == 2

@@ -183,7 +183,7 @@ def test_built_in_layers_only_and_a_mixed_precision_step():
 
 @pytest.mark.slow
 def test_converts_to_onnx_as_export_bundle_needs():
-    from deepdanbooru.inference.convert import onnx_available, run_onnx, to_onnx
+    from deepdanbooru.inference.onnx_graph import onnx_available, run_onnx, to_onnx
     from deepdanbooru.models.timm.checkpoint import import_checkpoint
 
     if not onnx_available():

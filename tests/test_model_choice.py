@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from deepdanbooru.cli import main
-from deepdanbooru.inference.convert import onnx_available
+from deepdanbooru.inference.onnx_graph import onnx_available
 from deepdanbooru.inference.model_files import resolve_model_files, resolve_model_source
 
 MODEL = "resnet_small"

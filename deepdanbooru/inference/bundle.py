@@ -157,8 +157,9 @@ def preprocess_description(size: int, model_size, plan: BundleRows, tags) -> dic
     }
 
 
-def tool_graph(model, sources, size: int):
-    """tf.function: BGR 0-255 NHWC at size x size -> our RGB [0, 1] at the model's size -> model -> bundle rows."""
+def tool_body(model, sources, size: int):
+    """(body, signature): body(run, image) takes BGR 0-255 NHWC at size x size to our RGB [0, 1] at the model's
+    size, runs it through `run` (the model) and maps its outputs to the bundle's rows."""
     import tensorflow as tf
 
     height, width = (int(value) for value in model.input_shape[1:3])
@@ -168,18 +169,26 @@ def tool_graph(model, sources, size: int):
     resize = (height, width) != (size, size)
     rows, columns = area_matrix(size, height), area_matrix(size, width)
 
-    def predict(image):
+    def body(run, image):
         rgb = tf.reverse(image, axis=[-1]) * (1.0 / 255.0)
         if resize:
             # Constants made inside the function: a tensor captured from outside would become an ONNX input.
             rgb = tf.einsum("oh,bhwc->bowc", tf.constant(rows), rgb)
             rgb = tf.einsum("pw,bowc->bopc", tf.constant(columns), rgb)
-        scores = tf.cast(model(rgb, training=False), tf.float32)
+        scores = tf.cast(run(rgb), tf.float32)
         scores = tf.concat([scores, tf.zeros_like(scores[:, :1])], axis=1)
         return tf.gather(scores, tf.constant(order, dtype=tf.int32), axis=1)
 
-    signature = (tf.TensorSpec((None, size, size, 3), tf.float32, name=INPUT_NAME),)
-    return tf.function(predict, input_signature=signature, autograph=False), signature
+    return body, (tf.TensorSpec((None, size, size, 3), tf.float32, name=INPUT_NAME),)
+
+
+def tool_graph(model, sources, size: int):
+    """tf.function of the bundle's graph (tool_body) around the Keras model, for measuring as the tools feed."""
+    import tensorflow as tf
+
+    body, signature = tool_body(model, sources, size)
+    return tf.function(lambda image: body(lambda x: model(x, training=False), image), input_signature=signature,
+                       autograph=False)
 
 
 def to_tool_input(images: np.ndarray) -> np.ndarray:
@@ -210,7 +219,8 @@ def export_bundle(project_path, directory, *, model_path=None, split="validation
                   size=DEFAULT_SIZE, overwrite=False, batch_size=32, allow_gpu=False, echo=print) -> BundleReport:
     """Convert the model with the tools' input and rows, measure it as they feed it, verify, write."""
     from deepdanbooru.dataset.records import load_records
-    from deepdanbooru.inference.convert import FLOAT_TOLERANCE, require_onnx
+    from deepdanbooru.inference.convert import FLOAT_TOLERANCE
+    from deepdanbooru.inference.onnx_graph import require_onnx
     from deepdanbooru.inference.model_files import resolve_model_files
     from deepdanbooru.inference.project_metrics import select_records
     from deepdanbooru.project.config import load_config
@@ -305,13 +315,14 @@ def convert_for_tools(model, sources, size, tolerance, destination):
     """(ONNX bytes, the traced function, largest difference from Keras, sample count, the model's input size):
     the model behind the tools' input and rows, run with onnxruntime on sample pictures fed as BGR 0-255 and
     compared with the Keras model on the same pictures resized in numpy, rows picked in Python."""
-    from deepdanbooru.inference.convert import compare_outputs, float32_model, function_to_onnx, run_onnx, \
-        sample_inputs
+    from deepdanbooru.inference.convert import compare_outputs, float32_model, sample_inputs
+    from deepdanbooru.inference.onnx_graph import model_graph_to_onnx, run_onnx
 
     height, width = int(model.input_shape[1]), int(model.input_shape[2])
     model = float32_model(model)
-    function, signature = tool_graph(model, sources, size)
-    content = function_to_onnx(function, signature, output_names=[OUTPUT_NAME])
+    body, signature = tool_body(model, sources, size)
+    content = model_graph_to_onnx(model, body, signature, output_names=[OUTPUT_NAME])
+    function = tool_graph(model, sources, size)
     images = sample_inputs(size, size)
     scores = np.asarray(model(area_resize(images, height, width), training=False), dtype=np.float32)
     expected = np.stack([np.zeros(len(images), np.float32) if source is None else scores[:, source]

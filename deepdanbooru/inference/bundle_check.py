@@ -108,7 +108,7 @@ def read_bundle_rows(bundle: Path, tags) -> list[BundleRow]:
 
 def _session(bundle: Path):
     from deepdanbooru.inference.bundle import MODEL_FILE
-    from deepdanbooru.inference.convert import require_onnx
+    from deepdanbooru.inference.onnx_graph import require_onnx
 
     path = bundle / MODEL_FILE
     if not path.is_file():

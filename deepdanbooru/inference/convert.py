@@ -19,6 +19,7 @@ import numpy as np
 from deepdanbooru import exitcodes
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.fileio import write_bytes_atomic
+from deepdanbooru.inference.onnx_graph import run_onnx, to_onnx
 from deepdanbooru.tfimport import filtered_stderr
 
 FORMATS = ("tflite", "onnx")
@@ -29,7 +30,6 @@ FLOAT_TOLERANCE = 1e-4
 # deeper models while still catching a conversion that went wrong.
 QUANTIZED_TOLERANCE = 0.05
 SAMPLE_COUNT = 8
-ONNX_OPSET = 17
 
 
 class ConversionMismatch(UserError):
@@ -106,7 +106,7 @@ def load_sample_images(paths, height: int, width: int, max_image_pixels: int, fi
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     # The converters print a "Saved artifact at ..." banner plus one line per
     # captured variable to stdout: hundreds of lines that would bury the report.
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
@@ -132,7 +132,7 @@ def to_tflite(model, optimize_default=False, optimize_sparsity=False) -> bytes:
     if optimize_sparsity:
         optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
     converter.optimizations = optimizations
-    with _quiet():
+    with quiet():
         return converter.convert()
 
 
@@ -162,96 +162,6 @@ def _tflite_interpreter(content: bytes):
             warnings.simplefilter("ignore")
             return tf.lite.Interpreter(model_content=content)
     return Interpreter(model_content=content)
-
-
-def onnx_available() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-        import tf2onnx  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def require_onnx(what: str = "--format onnx") -> None:
-    if not onnx_available():
-        raise ModelError(f"{what} needs the optional packages tf2onnx and onnxruntime: "
-                         "pip install 'deepdanbooru[onnx]'")
-
-
-def to_onnx(model) -> bytes:
-    require_onnx()
-    import tensorflow as tf
-    import tf2onnx
-
-    height, width, channels = model.input_shape[1:]
-    signature = (tf.TensorSpec((None, height, width, channels), tf.float32, name="image"),)
-    with _quiet():
-        proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=ONNX_OPSET,
-                                              custom_op_handlers=_onnx_handlers())
-    return proto.SerializeToString()
-
-
-def _erfc_as_one_minus_erf(ctx, node, name, args):
-    """TensorFlow's exact GELU (ConvNeXt, ViT) computes erfc, which ONNX lacks; erfc(x) = 1 - erf(x)."""
-    from tf2onnx import utils
-
-    dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
-    one = ctx.make_const(utils.make_name(f"{name}_one"), np.array(1, dtype=dtype))
-    erf = ctx.make_node("Erf", [node.input[0]])
-    node.type = "Sub"
-    ctx.replace_inputs(node, [one.output[0], erf.output[0]])
-
-
-def _onnx_handlers() -> dict:
-    return {"Erfc": (_erfc_as_one_minus_erf, ())}
-
-
-def function_to_onnx(function, signature, output_names=None) -> bytes:
-    """A tf.function (a model plus pre- or post-processing around it) as ONNX bytes."""
-    require_onnx()
-    import tf2onnx
-
-    with _quiet():
-        proto, _ = tf2onnx.convert.from_function(function, input_signature=signature, opset=ONNX_OPSET,
-                                                 custom_op_handlers=_onnx_handlers())
-    _captured_constants_as_initializers(proto, function.get_concrete_function(*signature))
-    # tf2onnx names outputs after graph tensors ("Identity:0"); some consumers look them up by name.
-    for output, name in zip(proto.graph.output, output_names or ()):
-        for node in proto.graph.node:
-            node.output[:] = [name if value == output.name else value for value in node.output]
-        output.name = name
-    return proto.SerializeToString()
-
-
-def _captured_constants_as_initializers(proto, concrete) -> None:
-    """Constant tensors a model holds outside its variables (the mean and variance of the preprocessing layer of
-    Keras' ConvNeXt and EfficientNetV2) are captured by a traced function as extra inputs. tf2onnx's from_keras
-    leaves every capture out of the inputs; from_function keeps the non-variable ones as graph inputs that a
-    runtime then asks to be fed. Each becomes an initializer holding its value, so the graph has one input."""
-    import tensorflow as tf
-    from onnx import numpy_helper
-
-    values = {internal.name: external for external, internal in concrete.graph.captures
-              if internal.dtype != tf.resource}
-    names = {name.split(":")[0]: name for name in values}
-    kept = []
-    for graph_input in proto.graph.input:
-        name = graph_input.name if graph_input.name in values else names.get(graph_input.name)
-        if name is None:
-            kept.append(graph_input)
-            continue
-        proto.graph.initializer.append(numpy_helper.from_array(np.asarray(values[name]), graph_input.name))
-    if len(kept) != len(proto.graph.input):
-        del proto.graph.input[:]
-        proto.graph.input.extend(kept)
-
-
-def run_onnx(content: bytes, images: np.ndarray) -> np.ndarray:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(content, providers=["CPUExecutionProvider"])
-    return np.array(session.run(None, {session.get_inputs()[0].name: images})[0], dtype=np.float32)
 
 
 def convert_model(model, save_path, output_format="tflite", optimize_default=False, optimize_sparsity=False,

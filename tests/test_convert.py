@@ -211,8 +211,11 @@ def test_onnx_matches_keras(tmp_path, keras_model):
     assert result.exit_code == 0, result.output
     assert "(onnx," in result.output
     session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+    # Named as the Keras model names them, as tf2onnx's Keras converter named them.
+    assert [item.name for item in session.get_inputs()] == ["image"]
+    assert [item.name for item in session.get_outputs()] == list(model.output_names)
     images = np.random.default_rng(6).uniform(0, 1, (2, 32, 32, 3)).astype(np.float32)
-    actual = session.run(None, {session.get_inputs()[0].name: images})[0]
+    actual = session.run(None, {"image": images})[0]
     assert np.max(np.abs(actual - model(images, training=False).numpy())) < 1e-4
 
 

@@ -40,12 +40,14 @@ def require_onnx(what: str = "--format onnx") -> None:
 
 
 def to_onnx(model) -> bytes:
-    """The model alone: one float32 NHWC input named "image"."""
+    """The model alone: one float32 NHWC input named "image", its outputs named as the Keras model names them
+    (what tf2onnx's Keras converter named them)."""
     import tensorflow as tf
 
     height, width, channels = model.input_shape[1:]
     signature = (tf.TensorSpec((None, height, width, channels), tf.float32, name="image"),)
-    return model_graph_to_onnx(model, lambda run, image: run(image), signature)
+    return model_graph_to_onnx(model, lambda run, image: run(image), signature,
+                               output_names=list(getattr(model, "output_names", None) or ()))
 
 
 def model_graph_to_onnx(model, body, signature, output_names=None) -> bytes:

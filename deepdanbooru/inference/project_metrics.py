@@ -291,10 +291,9 @@ def threshold_agreement(model: Path, tags, per_tag: dict) -> dict:
     """Whether the default thresholds derived on these records are those of the *.thresholds.csv beside the model,
     which evaluate, the report and export-bundle use: on the split training measured, they are."""
     from deepdanbooru.inference.model_files import DEFAULT_THRESHOLD, thresholds_beside
-    from deepdanbooru.scoring.thresholds import read_thresholds_csv
+    from deepdanbooru.scoring.thresholds import default_thresholds, read_thresholds_csv
 
-    derived = [math.inf if withheld else float(value) for value, withheld in
-               zip(per_tag["threshold"], per_tag["withheld"])]
+    derived = [float(value) for value in default_thresholds(per_tag)]
     beside = thresholds_beside(Path(model))
     if beside is None:
         return {"file": None, "same": None, "tags": len(tags),

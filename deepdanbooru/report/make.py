@@ -196,9 +196,9 @@ def make_report(project_path, *, model_path=None, output=None, batch_size=32, al
     columns = tables.tag_columns(tags, categories, tag_counts(train.tag_strings, tags),
                                  tag_counts(validation.tag_strings, tags), result, source_ap)
     # The pictures' mistakes at the default thresholds: a withheld tag is never predicted.
-    import numpy as np
+    from deepdanbooru.scoring.thresholds import default_thresholds
 
-    defaults = np.where(result["per_tag"]["withheld"], np.inf, result["per_tag"]["threshold"])
+    defaults = default_thresholds(result["per_tag"])
     pictures, gallery, worst = tables.pictures_and_gallery(scored.pictures, defaults, validation)
     data = {"tags": columns, "curves": tables.curve_arrays(thresholds, precision, recall), "pictures": pictures,
             "gallery": gallery, "worst": worst, "working_threshold": result["threshold"],

@@ -148,6 +148,12 @@ def _format_score(value: float) -> str:
     return f"{value:.6f}"
 
 
+def default_thresholds(per_tag: dict) -> np.ndarray:
+    """The threshold each tag is predicted at by default: its threshold, or inf for a withheld tag (never)."""
+    return np.where(np.asarray(per_tag["withheld"], dtype=bool), np.inf,
+                    np.asarray(per_tag["threshold"], dtype=np.float64))
+
+
 def write_thresholds_csv(path, tags, result) -> None:
     """tag, threshold, precision, recall, f1, support, ap, use, reason: one row per tag, in tags.txt order.
 

@@ -45,7 +45,7 @@ RECIPES: dict[str, dict] = {
     # 10; docs/finetuning.md), where the default 0.05 left one for a fifth.
     # Left out, measured beside this recipe (docs/quality.md, "Held near the source while it trains"): decay
     # toward the start (weight_decay_toward "start") met the keeping goals at 400 posts no more often at
-    # weight_decay 1-3, kept every known tag at 10 but cost 0.02-0.03 mAP, and cost mAP at 2,672 posts at
+    # weight_decay 1-3, kept the most known tags at 10 but cost 0.015-0.028 mAP, and cost mAP at 2,672 posts at
     # every strength; known_head_rate 0.1-0.5 scored lower or the same.
     "finetune": {
         "optimizer": "adamw",

@@ -105,6 +105,14 @@ class _QuietFinder(importlib.abc.MetaPathFinder):
 _FINDER = _QuietFinder()
 
 
+@contextlib.contextmanager
+def quiet_stdout():
+    """The converters (TFLite, tf2onnx) print a "Saved artifact at ..." banner plus one line per captured
+    variable to stdout: hundreds of lines that would bury the report."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
+
+
 def install_quiet_import() -> None:
     """Filter TensorFlow's load-time log lines whenever (and if ever) this process imports it."""
     if "tensorflow" not in sys.modules and _FINDER not in sys.meta_path:

@@ -8,8 +8,6 @@ comparing their outputs against a tolerance.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ from deepdanbooru import exitcodes
 from deepdanbooru.errors import ModelError, UserError, file_field
 from deepdanbooru.fileio import write_bytes_atomic
 from deepdanbooru.inference.onnx_graph import run_onnx, to_onnx
-from deepdanbooru.tfimport import filtered_stderr
+from deepdanbooru.tfimport import filtered_stderr, quiet_stdout
 
 FORMATS = ("tflite", "onnx")
 # Float conversions reorder a few float32 operations: differences of ~1e-6 were measured.
@@ -105,14 +103,6 @@ def load_sample_images(paths, height: int, width: int, max_image_pixels: int, fi
     return np.concatenate(batches).astype(np.float32) if batches else np.zeros((0, height, width, 3), np.float32)
 
 
-@contextlib.contextmanager
-def quiet():
-    # The converters print a "Saved artifact at ..." banner plus one line per
-    # captured variable to stdout: hundreds of lines that would bury the report.
-    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-        yield
-
-
 def float32_model(model):
     """A float32 copy of a mixed-precision model: converters and runtimes do float32 best."""
     if all(getattr(layer.dtype_policy, "compute_dtype", "float32") == "float32" for layer in model.layers):
@@ -132,7 +122,7 @@ def to_tflite(model, optimize_default=False, optimize_sparsity=False) -> bytes:
     if optimize_sparsity:
         optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
     converter.optimizations = optimizations
-    with quiet():
+    with quiet_stdout():
         return converter.convert()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from deepdanbooru.errors import ModelError
+from deepdanbooru.tfimport import quiet_stdout
 
 ONNX_OPSET = 17
 # The domain of the standard operators; a node of any other domain would tie the file to one runtime.
@@ -57,8 +58,6 @@ def model_graph_to_onnx(model, body, signature, output_names=None) -> bytes:
     import tensorflow as tf
     import tf2onnx
 
-    from deepdanbooru.inference.convert import quiet
-
     trainable, other = list(model.trainable_variables), list(model.non_trainable_variables)
     variables = trainable + other
     count = len(signature)
@@ -77,7 +76,7 @@ def model_graph_to_onnx(model, body, signature, output_names=None) -> bytes:
                          for index, variable in enumerate(variables))
     full_signature = tuple(signature) + weight_specs
     function = tf.function(traced, input_signature=full_signature, autograph=False)
-    with quiet():
+    with quiet_stdout():
         proto, _ = tf2onnx.convert.from_function(function, input_signature=full_signature, opset=ONNX_OPSET,
                                                  custom_op_handlers=_onnx_handlers())
     values = {spec.name: np.asarray(variable) for spec, variable in zip(weight_specs, variables)}

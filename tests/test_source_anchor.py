@@ -4,7 +4,7 @@ start and the known tags are kept in the checkpoint, so a resumed run steps exac
 import numpy as np
 import pytest
 from test_wise_ft import by_name, source, start_weights, weights_of  # noqa: F401  (source: a fixture)
-from train_helpers import make_project
+from train_helpers import head_model, make_project
 
 from deepdanbooru.errors import ConfigError, TrainingError
 
@@ -85,15 +85,6 @@ def test_decay_pulls_toward_the_target_and_a_row_factor_scales_the_whole_step():
                                atol=1e-7)
 
 
-def _head_model():
-    import keras
-
-    keras.utils.set_random_seed(2)
-    inputs = keras.Input((4, 4, 3))
-    x = keras.layers.Conv2D(2, 3, name="conv")(inputs)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(3, activation="sigmoid", name="head")(x))
-
 
 def test_the_anchor_decays_known_head_columns_and_the_trunk_toward_the_start_and_new_columns_toward_zero():
     import tensorflow as tf
@@ -102,7 +93,7 @@ def test_the_anchor_decays_known_head_columns_and_the_trunk_toward_the_start_and
     from deepdanbooru.training.anchor import SourceAnchor
     from deepdanbooru.training.wise import StartWeights
 
-    model = _head_model()
+    model = head_model(2)
     biases = [model.get_layer(name).bias for name in ("conv", "head")]
     optimizer = make_optimizer("adamw", 0.1, weight_decay=1.0, decay_exempt_variables=biases)
     optimizer.build(model.trainable_variables)

@@ -4,7 +4,7 @@ forgetting); its teacher is the start, kept in the checkpoint with the known tag
 import numpy as np
 import pytest
 from test_wise_ft import by_name, source, start_weights, weights_of  # noqa: F401  (source: a fixture)
-from train_helpers import make_project
+from train_helpers import head_model, make_project
 
 from deepdanbooru.errors import TrainingError
 
@@ -23,15 +23,6 @@ def test_source_distillation_defaults_to_off_and_takes_a_positive_weight(tmp_pat
             parse({"source_distillation": bad})
 
 
-def _model():
-    import keras
-
-    keras.utils.set_random_seed(4)
-    inputs = keras.Input((4, 4, 3))
-    x = keras.layers.Conv2D(2, 3, name="frozen_conv")(inputs)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(3, activation="sigmoid", name="head")(x))
-
 
 def test_the_term_is_the_bce_to_the_starts_scores_on_the_known_tags_and_pulls_only_where_they_differ():
     import tensorflow as tf
@@ -39,7 +30,7 @@ def test_the_term_is_the_bce_to_the_starts_scores_on_the_known_tags_and_pulls_on
     from deepdanbooru.training.distill import Distillation
     from deepdanbooru.training.wise import StartWeights
 
-    model = _model()
+    model = head_model(4, "frozen_conv")
     distill = Distillation(model, 2.0, known=[0, 2], start=StartWeights(model, ()))
     distill.load()
     teacher = tf.constant([[0.9, 0.2, 0.1], [0.3, 0.6, 0.5]])
@@ -59,7 +50,7 @@ def test_the_teacher_holds_the_start_and_the_frozen_layers_as_the_model_has_them
     from deepdanbooru.training.distill import Distillation
     from deepdanbooru.training.wise import StartWeights
 
-    model = _model()
+    model = head_model(4, "frozen_conv")
     before = by_name(model)
     start = StartWeights(model, (), frozen=[model.get_layer("frozen_conv")])
     distill = Distillation(model, 1.0, known=[0], start=start)

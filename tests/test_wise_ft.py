@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from train_helpers import make_project
+from train_helpers import head_model, make_project
 
 
 FINAL, STOPPED, EPOCH1 = "model-resnet_small.keras", "model-resnet_small.stopped.keras", "model-resnet_small.e1.keras"
@@ -47,21 +47,11 @@ def test_bad_wise_ft_values_are_one_line_naming_the_key(tmp_path, value, message
 # --- the mix itself ---
 
 
-def _tiny_model():
-    import keras
-
-    keras.utils.set_random_seed(3)
-    inputs = keras.Input((4, 4, 3))
-    x = keras.layers.Conv2D(2, 3, name="frozen_conv")(inputs)
-    x = keras.layers.BatchNormalization(name="bn")(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, keras.layers.Dense(3, activation="sigmoid", name="head")(x))
-
 
 def test_the_mix_is_exact_leaves_frozen_layers_alone_and_gives_the_weights_back_bit_for_bit():
     from deepdanbooru.training.wise import StartWeights
 
-    model = _tiny_model()
+    model = head_model(3, "frozen_conv", batch_norm=True)
     start = [w.copy() for w in model.get_weights()]
     frozen = [model.get_layer("frozen_conv")]
     keep = StartWeights(model, [0.25, 1.0], frozen=frozen)
@@ -90,7 +80,7 @@ class _Report:
 def test_the_mix_of_the_best_validation_map_is_chosen_and_a_tie_goes_to_the_more_trained():
     from deepdanbooru.training.wise import StartWeights
 
-    model = _tiny_model()
+    model = head_model(3, "frozen_conv", batch_norm=True)
     keep = StartWeights(model, [0.0, 0.5, 0.8, 1.0])
     model.set_weights([w + 1.0 for w in model.get_weights()])
     head = model.get_layer("head").bias

@@ -86,3 +86,17 @@ def train_command(project: Path, *extra: str) -> list[str]:
 def run_cli(project: Path, *extra: str, timeout: float | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(train_command(project, *extra), env=cli_env(), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def head_model(seed: int, conv_name: str = "conv", batch_norm: bool = False):
+    """A 4x4 picture -> Conv2D(2) [-> BatchNormalization] -> pooling -> a 3-tag sigmoid head named "head": the
+    smallest network with a trunk and a head, for the fine-tune keeping tests."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4, 4, 3))
+    x = keras.layers.Conv2D(2, 3, name=conv_name)(inputs)
+    if batch_norm:
+        x = keras.layers.BatchNormalization(name="bn")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(3, activation="sigmoid", name="head")(x))

@@ -15,9 +15,8 @@ and the start, which the checkpoint keeps as well; so a resumed run steps exactl
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from deepdanbooru.models.head import has_bias, head_layer
+from deepdanbooru.training.start import known_tags_state
 
 CHECKPOINT_KEY = "source_anchor"
 TOWARD_START = "start"
@@ -30,12 +29,7 @@ class SourceAnchor:
     def __init__(self, model, optimizer, start, known, toward_start: bool, head_rate: float | None):
         """`optimizer`: the inner one (whose state is checkpointed); `known`: tags.txt positions of the tags the
         source knows (a fresh run's; a resume's come from its checkpoint)."""
-        mask = [0.0] * int(model.output_shape[-1])
-        for index in known:
-            mask[index] = 1.0
-        self.known = tf.Variable(mask, dtype=tf.float32, trainable=False, name="known")
-        self.state = tf.Module(name=CHECKPOINT_KEY)
-        self.state.known = self.known
+        self.known, self.state = known_tags_state(model, known, CHECKPOINT_KEY)
         head = head_layer(model)
         if toward_start:
             optimizer.set_decay_targets([(weight, self._target(weight, begun, head))

@@ -19,6 +19,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from deepdanbooru.training.start import known_tags_state
+
 CHECKPOINT_KEY = "source_distillation"
 EPSILON = 1e-7
 
@@ -32,12 +34,7 @@ class Distillation:
         self.weight = float(weight)
         self.start = start
         self.teacher = keras.models.clone_model(model)
-        mask = [0.0] * int(model.output_shape[-1])
-        for index in known:
-            mask[index] = 1.0
-        self.known = tf.Variable(mask, dtype=tf.float32, trainable=False, name="known")
-        self.state = tf.Module(name=CHECKPOINT_KEY)
-        self.state.known = self.known
+        self.known, self.state = known_tags_state(model, known, CHECKPOINT_KEY)
         self._model = model
 
     def load(self) -> None:

@@ -24,6 +24,21 @@ START_TRIGGER = "start"
 SOURCE_AP_FILE = "source_tag_ap.json"
 
 
+def known_tags_state(model, known, checkpoint_key: str):
+    """(mask, module): a float mask over the model's outputs, 1 at the tags.txt positions in `known` (the tags
+    the source knows), and the tf.Module under `checkpoint_key` that carries it in the checkpoint, so a resume
+    reads the first run's known tags rather than working them out again."""
+    import tensorflow as tf
+
+    values = [0.0] * int(model.output_shape[-1])
+    for index in known:
+        values[index] = 1.0
+    mask = tf.Variable(values, dtype=tf.float32, trainable=False, name="known")
+    module = tf.Module(name=checkpoint_key)
+    module.known = mask
+    return mask, module
+
+
 def shared_tags(plan) -> list[int]:
     """Positions in tags.txt of the tags the source knows (all of them when its vocabulary is unknown:
     its outputs are then taken to be tags.txt's)."""

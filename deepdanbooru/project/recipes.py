@@ -35,8 +35,8 @@ RECIPES: dict[str, dict] = {
     # blocks/stages and the head (trainable_blocks 2) tied or led training every layer, at cheaper steps.
     # Optimizer, weight decay and loss are modern's, not varied. epoch_count is what filled those 6
     # minutes: set it to what fills yours, or to "fit" with train-project --time-limit, which plans it
-    # from the measured speed. On a few hundred posts keep 50: there it lost none of 14 known tags, where
-    # "fit" planned 135-155 epochs on an idle machine and lost 2 (docs/quality.md, "The recipe as it ships").
+    # from the measured speed. On a few hundred posts 50 kept the source's tags on 2 of 4 draws of 400
+    # posts, "fit" (135-184 epochs on an idle machine) on none (docs/quality.md, "The recipe as it ships").
     # What the source knew is kept by wise_ft: the last export mixes the trained weights with the start,
     # at the weight of the best validation mAP (docs/quality.md, "Keeping what the source knew": on 400
     # posts it turned 2 of 14 well-measured known tags losing AP into 1 and raised mAP; on 2,661 it chose

@@ -182,11 +182,11 @@ def tool_body(model, sources, size: int):
     return body, (tf.TensorSpec((None, size, size, 3), tf.float32, name=INPUT_NAME),)
 
 
-def tool_graph(model, sources, size: int):
-    """tf.function of the bundle's graph (tool_body) around the Keras model, for measuring as the tools feed."""
+def tool_graph(model, body, signature):
+    """tf.function of the bundle's graph (tool_body's body) around the Keras model, for measuring as the tools
+    feed."""
     import tensorflow as tf
 
-    body, signature = tool_body(model, sources, size)
     return tf.function(lambda image: body(lambda x: model(x, training=False), image), input_signature=signature,
                        autograph=False)
 
@@ -322,7 +322,7 @@ def convert_for_tools(model, sources, size, tolerance, destination):
     model = float32_model(model)
     body, signature = tool_body(model, sources, size)
     content = model_graph_to_onnx(model, body, signature, output_names=[OUTPUT_NAME])
-    function = tool_graph(model, sources, size)
+    function = tool_graph(model, body, signature)
     images = sample_inputs(size, size)
     scores = np.asarray(model(area_resize(images, height, width), training=False), dtype=np.float32)
     expected = np.stack([np.zeros(len(images), np.float32) if source is None else scores[:, source]

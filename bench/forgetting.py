@@ -22,6 +22,12 @@ This is what the run's own `wise_ft` does at its end, measured here on a run mad
 --alphas and --head-alphas, keyed 'a/h'); --halves measures every mix again on each half of the
 validation posts (every other post), so that a mix chosen on one half can be scored on the other
 (bench/forgetting_choice.py). The output holds every mix's per-tag AP under "per_tag_ap".
+
+--ensembles measures output-space mixes instead: both networks run, and each tag's score is
+sigmoid((1 - w) * logit(start) + w * logit(trained)) (keys 'ens<w>'); a new tag's start score is its
+prior, the same for every picture, so its ranking (AP) is the trained network's. The trained weights are
+the last export's; where that export holds a wise_ft mix (its metrics.json names the mix a), they are
+recovered from it, start + (mix - start) / a, so a wise_ft run is measured at exactly its training.
 """
 
 from __future__ import annotations
@@ -133,6 +139,42 @@ def mixed(start, end, alpha: float, into, head=None) -> None:
         layer.set_weights(out)
 
 
+def unmixed(start, mix, alpha: float, into) -> None:
+    """into's weights = the trained weights a wise_ft export mixed at alpha: start + (mix - start) / alpha."""
+    for layer in into.layers:
+        if not layer.weights:
+            continue
+        a = start.get_layer(layer.name).get_weights()
+        b = mix.get_layer(layer.name).get_weights()
+        layer.set_weights([x + (y - x) / alpha if np.issubdtype(y.dtype, np.floating) else y for x, y in zip(a, b)])
+
+
+class LogitEnsemble:
+    """Scores sigmoid((1 - weight) * logit(start) + weight * logit(end)): an output-space ensemble of two models."""
+
+    def __init__(self, start, end, weight: float):
+        self.start, self.end, self.weight = start, end, float(weight)
+        self.output_shape = end.output_shape
+
+    def __call__(self, images, training=False):
+        import tensorflow as tf
+
+        def logit(scores):
+            scores = tf.clip_by_value(tf.cast(scores, tf.float32), 1e-7, 1.0 - 1e-7)
+            return tf.math.log(scores) - tf.math.log1p(-scores)
+
+        return tf.sigmoid((1.0 - self.weight) * logit(self.start(images, training=False))
+                          + self.weight * logit(self.end(images, training=False)))
+
+
+def mixed_alpha(export: Path) -> float:
+    """The wise_ft mix an export holds (1: the trained weights), from its metrics.json."""
+    metrics = export.with_name(export.name[: -len(".keras")] + ".metrics.json")
+    if not metrics.exists():
+        return 1.0
+    return float(json.loads(metrics.read_text()).get("wise_ft", {}).get("alpha", 1.0))
+
+
 def last_export(project: Path) -> Path:
     """The run's last weights: its final export, else the one its --time-limit stop wrote."""
     finals = [p for p in project.glob("model-*.keras") if p.name.count(".") == 1]
@@ -153,6 +195,8 @@ def main(argv=None) -> int:
     parser.add_argument("--halves", action="store_true", help="also measure each mix on every other validation post "
                         "(the first and the second half, per_tag_ap keys 'a@half0', 'a@half1'): a mix chosen on one "
                         "half is scored on posts that did not choose it")
+    parser.add_argument("--ensembles", help="comma-separated output-space weights w of the trained network (keys "
+                        "'ens<w>'), each tag scored sigmoid((1 - w) logit(start) + w logit(trained))")
     parser.add_argument("--min-positives", type=int, default=10)
     parser.add_argument("--also-min-positives", type=int, help="the known-tag figures again at this minimum")
     parser.add_argument("--loss", type=float, default=0.02)
@@ -179,23 +223,33 @@ def main(argv=None) -> int:
         export = last_export(project)
         end = load_model_file(export)
         start, names = start_model(project, args.source_model, args.source_tags, measurer)
+        held = mixed_alpha(export)
+        if held != 1.0:  # a wise_ft export: measure mixes and ensembles of the weights it trained
+            trained = keras.models.clone_model(end)
+            unmixed(start, end, held, trained)
+            end = trained
         known = {tag_key(tag) for tag in names}
         new_tags = [tag for tag in measurer.tags if tag_key(tag) not in known]
         work = keras.models.clone_model(end)
         head = head_layer(end).name
         known_columns = np.array([i for i, tag in enumerate(measurer.tags) if tag_key(tag) in known], dtype=np.int64)
         rows, per_tag = {}, {}
-        for alpha, rate in [("best", None), *((a, h) for a in alphas for h in head_alphas)]:
-            key = alpha if alpha == "best" else f"{alpha:g}" + ("" if rate is None else f"/{rate:g}")
+        ensembles = [("ens", float(w)) for w in args.ensembles.split(",")] if args.ensembles else []
+        for alpha, rate in [("best", None), *((a, h) for a in alphas for h in head_alphas), *ensembles]:
+            key = alpha if alpha == "best" else f"ens{rate:g}" if alpha == "ens" else \
+                f"{alpha:g}" + ("" if rate is None else f"/{rate:g}")
             if alpha == "best":
                 ap, name = measurer.ap(load_model_file(best)), f"best export ({best.name})"
+            elif alpha == "ens":
+                ap, name = measurer.ap(LogitEnsemble(start, end, rate)), f"{key}: start + {export.name} (trained)"
             else:
                 mixed(start, end, alpha, work, None if rate is None else (head, known_columns, rate))
                 ap, name = measurer.ap(work), f"a={key} of {export.name}"
             per_tag[key] = ap
             if halves and alpha != "best":
+                scored = LogitEnsemble(start, end, rate) if alpha == "ens" else work
                 for half, part in enumerate(halves):
-                    per_tag[f"{key}@half{half}"] = part.ap(work)
+                    per_tag[f"{key}@half{half}"] = part.ap(scored)
             rows[key] = goals(start_file["ap"], start_file["support"], ap, new_tags, args.min_positives, args.loss)
             row = rows[key]
             if args.also_min_positives:  # the same figures over the known tags of fewer positives too
@@ -212,7 +266,7 @@ def main(argv=None) -> int:
                       f"{wide['known_map_before']:.4f} -> {wide['known_map_after']:.4f}, lost {wide['known_lost']} "
                       f"({wide['known_lost_share']:.1%}), gained {wide['known_gained']}", flush=True)
         results[str(project)] = {"export": str(export), "best": str(best), "validation_records": measurer.records,
-                                 "source_map": start_file["map"], "alphas": rows, "per_tag_ap": per_tag}
+                                 "source_map": start_file["map"], "held_mix": held, "alphas": rows, "per_tag_ap": per_tag}
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written: {args.out}")
     return 0

@@ -109,6 +109,8 @@ def import_checkpoint(folder, channel_order: str | None = None, input_size=None)
     name = network_name(source, size if input_size is not None else None)
     if name != model.name:
         # The same layers under the network's own name (the architecture's alone names another network).
-        model = keras.Model(model.inputs, model.outputs, name=name)
+        # model.input/output, not the lists: a model built on one-element lists warns on every call
+        # that the structure of its inputs does not match.
+        model = keras.Model(model.input, model.output, name=name)
     return ImportedModel(model, class_names(source), source.categories, size, source.channel_order,
                          source.channel_order_reason, source)

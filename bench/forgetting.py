@@ -46,21 +46,22 @@ sys.path.insert(0, str(ROOT))
 
 def goals(source_ap: dict, support: dict, ap: dict, new_tags: list[str], min_positives: int = 10,
           loss: float = 0.02) -> dict:
-    """The keeping figures from per-tag APs: source_ap/support over the known tags, ap over every tag."""
-    known = [tag for tag, value in source_ap.items() if value is not None and support.get(tag, 0) >= min_positives]
-    before = np.array([source_ap[tag] for tag in known])
-    after = np.array([ap[tag] for tag in known])
-    change = after - before
+    """The keeping figures from per-tag APs: source_ap/support over the known tags, ap over every tag. The known
+    tags are counted as train-project's closing "Kept from the source" line counts them (training.kept)."""
+    from deepdanbooru.training.kept import kept
+
+    known = kept(source_ap, support, ap, min_positives, loss)
     new = [ap[tag] for tag in new_tags if ap.get(tag) is not None]
     every = [value for value in ap.values() if value is not None]
+    measured = known.measured > 0
     return {
-        "known_tags": len(known),
-        "known_lost": int((change < -loss).sum()),
-        "known_lost_share": float((change < -loss).mean()) if known else None,
-        "known_gained": int((change > loss).sum()),
-        "known_map_before": float(before.mean()) if known else None,
-        "known_map_after": float(after.mean()) if known else None,
-        "known_map_rise": float(change.mean()) if known else None,
+        "known_tags": known.measured,
+        "known_lost": len(known.lost),
+        "known_lost_share": len(known.lost) / known.measured if measured else None,
+        "known_gained": known.gained,
+        "known_map_before": known.before,
+        "known_map_after": known.after,
+        "known_map_rise": known.after - known.before if measured else None,
         "new_tags": len(new),
         "new_map": float(np.mean(new)) if new else None,
         "map": float(np.mean(every)) if every else None,

@@ -108,6 +108,11 @@ def test_the_history_and_the_best_export_start_where_the_source_stands(tmp_path,
     written = json.loads((project / "logs" / "source_tag_ap.json").read_text())
     assert written["source_model"] == str(source_path) and written["tags"] == 10
     assert list(written["ap"]) == plan.tags[:10]  # in tags.txt's spelling, the tags the source does not know left out
+    # The run ends by setting its last figures beside the source's; 11 validation posts give no tag 10 positives.
+    final = next(i for i, line in enumerate(lines) if line.startswith("Final validation"))
+    measured = sum(value is not None for value in written["ap"].values())
+    assert lines[final + 1].startswith(f"Kept from the source: none of the {measured} tags it knew has 10 validation "
+                                       f"positives, too few to tell a lost tag from noise")
     for tag, value in expected["ap"].items():
         assert written["ap"][tag] == (None if value is None else pytest.approx(value, abs=1e-9)), tag
     # evaluate-project --metrics shows the same figures beside the fine-tune's own, per tag.

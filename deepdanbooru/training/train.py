@@ -129,6 +129,7 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
     """
     from deepdanbooru.training.best import BestModelMonitor
     from deepdanbooru.training.history import HistoryMonitor
+    from deepdanbooru.training.kept import KeptMonitor
     from deepdanbooru.training.monitors import default_monitors
     from deepdanbooru.training.tensorboard import TensorBoardMonitor
 
@@ -139,7 +140,9 @@ def build_monitors(plan: TrainingPlan, echo=print, stream=None) -> list:
     # Its file is named once the network that trains is known (RunInfo.best_export).
     best = BestModelMonitor(None, config.best_model_metric, plan.tags,
                             mixed_precision=config.mixed_precision, echo=echo)
-    return [bar, best, TensorBoardMonitor(plan.paths.logs, echo), HistoryMonitor(plan.paths.history, echo), console]
+    # KeptMonitor after the console: its line follows the final figures it compares with the source's.
+    return [bar, best, TensorBoardMonitor(plan.paths.logs, echo), HistoryMonitor(plan.paths.history, echo), console,
+            KeptMonitor(plan.paths.logs, plan.tags, echo)]
 
 
 def train_project(project_dir, source_model=None, force_mixed_precision: bool = False, echo=print,

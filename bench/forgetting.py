@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 def goals(source_ap: dict, support: dict, ap: dict, new_tags: list[str], min_positives: int = 10,
           loss: float = 0.02) -> dict:
     """The keeping figures from per-tag APs: source_ap/support over the known tags, ap over every tag. The known
-    tags are counted as train-project's closing "Kept from the source" line counts them (training.kept)."""
-    from deepdanbooru.training.kept import kept
+    tags are counted as train-project's closing "Kept from the source" line counts them (scoring.kept)."""
+    from deepdanbooru.scoring.kept import kept
 
     known = kept(source_ap, support, ap, min_positives, loss)
     new = [ap[tag] for tag in new_tags if ap.get(tag) is not None]

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from deepdanbooru.training.kept import KeptMonitor, kept, kept_line
+from deepdanbooru.scoring.kept import kept, kept_line
+from deepdanbooru.training.kept import KeptMonitor
 
 SOURCE_AP = {"flag": 0.90, "face": 0.70, "objects": 0.24, "man": 0.52, "rare": 0.5, "absent": None}
 SUPPORT = {"flag": 49, "face": 22, "objects": 33, "man": 16, "rare": 3, "absent": 0}

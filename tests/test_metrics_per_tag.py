@@ -108,6 +108,19 @@ def test_source_ap_is_the_sources_own_on_the_same_posts(measured):
     (project / "logs" / "source_tag_ap.json").unlink()
 
 
+def test_the_text_output_ends_with_what_was_kept_where_the_source_measured_these_posts(measured):
+    project, plan, _ = measured
+    write_source_ap(project, {plan.tags[0]: 0.25, plan.tags[1]: None, plan.tags[2]: 1.0}, len(plan.validation))
+    lines = run_metrics(project).splitlines()
+    # Two tags the source knew have an AP; with a few validation posts neither has 10 positives.
+    assert lines[-1].startswith("Kept from the source: none of the 2 tags it knew has 10 validation positives")
+    assert not run_metrics(project, "--split", "all").splitlines()[-1].startswith("Kept from the source")
+    (project / "logs" / "source_tag_ap.json").write_text("{\"ap\": [1, 2]}")
+    assert run_metrics(project).splitlines()[-1].startswith("thresholds: ")  # the json output names the damage
+    (project / "logs" / "source_tag_ap.json").unlink()
+    assert run_metrics(project).splitlines()[-1].startswith("thresholds: ")
+
+
 def test_csv_writes_the_same_rows(measured):
     project, plan, _ = measured
     write_source_ap(project, {plan.tags[0]: 0.5}, len(plan.validation))

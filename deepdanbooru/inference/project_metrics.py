@@ -284,7 +284,27 @@ def project_metrics(project_path, *, model_path=None, split="validation", start_
     for line in coverage_lines(scalars):
         echo(f"over: {line}")
     echo(f"thresholds: {agreement['text']}")
+    kept = kept_text(config.project_dir, split, start_id, end_id, tags, summary.result["per_tag"], len(paths))
+    if kept:
+        echo(kept)
     return summary
+
+
+def kept_text(project_dir: Path, split: str, start_id, end_id, tags, per_tag: dict, records: int) -> str | None:
+    """train-project's closing "Kept from the source" line for these figures, where the source was measured on
+    these posts; None for a project without a source, or another split. A damaged source file is the json
+    output's error; the text output does without the line."""
+    from deepdanbooru.scoring.kept import kept, kept_line
+
+    try:
+        source = read_source_figures(project_dir, split, start_id, end_id, records)
+    except UserError:
+        return None
+    if source is None or not source.same_posts:
+        return None
+    support = {tag: int(per_tag["support"][index]) for index, tag in enumerate(tags)}
+    now = {tag: float(per_tag["ap"][index]) for index, tag in enumerate(tags)}
+    return kept_line(kept(source.ap, support, now))
 
 
 def threshold_agreement(model: Path, tags, per_tag: dict) -> dict:

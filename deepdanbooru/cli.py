@@ -166,8 +166,9 @@ def main(ctx, debug):
                    "forgotten clearly; on 2,672 posts, "
                    "where nothing was forgotten, it kept the trained weights, its validations at the end costing up "
                    "to 0.011 mAP in 4-minute runs. On a few hundred posts it can lose tags the source knew: from a "
-                   "second source it lost 1-6 of the 14-18 measured on each of four 400-post draws, and no remedy "
-                   "tried (an output ensemble with the source, 3e-4, a frozen trunk) kept more.")
+                   "second source it lost 1-6 of the 14-18 measured on each of four 400-post draws; an output ensemble "
+                   "with the source, 3e-4 and a frozen trunk kept no more, source_distillation 1 kept more on three "
+                   "draws (0-4 lost) for 0.011-0.044 less mAP (docs/quality.md).")
 @click.option("--database", "database", type=click.Path(exists=True, dir_okay=False, path_type=str),
               help="The dataset's SQLite file: sets database_path, and minimum_tag_count and image_extensions "
                    "to fit the posts it holds.")

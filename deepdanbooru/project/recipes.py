@@ -37,8 +37,9 @@ RECIPES: dict[str, dict] = {
     # minutes: set it to what fills yours, or to "fit" with train-project --time-limit, which plans it
     # from the measured speed. On a few hundred posts 50 kept the source's tags on 2 of 4 draws of 400
     # posts, "fit" (135-184 epochs on an idle machine) on none (docs/quality.md, "The recipe as it ships");
-    # from a second source, run to the end of its schedule, on none of the four, and neither an output-space
-    # ensemble with the source, 3e-4 nor a frozen trunk kept more ("Another source, and what 400 posts can give").
+    # from a second source, run to the end of its schedule, on none of the four; an output-space ensemble with
+    # the source, 3e-4 and a frozen trunk kept no more, source_distillation 1 kept more on three draws for
+    # 0.011-0.044 less mAP and still missed the goals on three ("Another source, and what 400 posts can give").
     # What the source knew is kept by wise_ft: the last export mixes the trained weights with the start,
     # at the weight of the best validation mAP (docs/quality.md, "Keeping what the source knew": on 400
     # posts it turned 2 of 14 well-measured known tags losing AP into 1 and raised mAP; on 2,661 it chose

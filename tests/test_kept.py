@@ -77,3 +77,17 @@ def test_the_monitor_says_nothing_without_a_source_a_validation_or_a_readable_fi
     (tmp_path / "source_tag_ap.json").write_text(json.dumps({"ap": {"flag": 0.9}, "support": {"flag": 30}}))
     KeptMonitor(tmp_path, tags, lines.append).on_train_end(None)  # no validation this run
     assert lines == []
+
+
+def test_the_report_row_counts_only_where_the_source_measured_as_many_posts():
+    from deepdanbooru.report.summary import kept_rows
+
+    tags = ["flag", "face", "new"]
+    result = {"per_tag": {"ap": np.array([0.8, 0.75, 0.3]), "support": np.array([12, 11, 4])}}
+    source = {"validation_records": 40, "ap": {"flag": 0.9, "face": 0.7}, "support": {}}
+    [(figure, value, detail)] = kept_rows(source, tags, result, 40)
+    assert (figure, value) == ("source tags kept", "1 of 2 lost")
+    assert detail.startswith("of the 2 tags it knew with >= 10 validation positives, 1 lost more than 0.02 AP "
+                             "(flag 0.900 -> 0.800), 1 gained; their mean AP 0.800 -> 0.775; AP against the source's")
+    assert kept_rows(source, tags, result, 41) == []  # other posts: not comparable
+    assert kept_rows(None, tags, result, 40) == [] and kept_rows({"ap": [1]}, tags, result, 40) == []

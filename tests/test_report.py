@@ -203,9 +203,17 @@ def test_report_writes_the_page_with_the_figures_evaluate_project_measures(proje
             "resumed from the checkpoint at step 6 after 0:29 (1 step trained again)</td>") in text
     for chart in ("loss", "validation", "learning_rate"):
         assert f'id="chart-{chart}"><svg' in text
+    # The source file names no record count, so its figures are not taken for these posts' in a headline row.
+    assert "source tags kept" not in text
     # A second report replaces the folder and leaves no staging folder behind.
     (folder / "999999.jpg").write_bytes(b"x")  # the thumbnail of a post no longer shown
+    source_file = project / "logs" / "source_tag_ap.json"
+    source_file.write_text(json.dumps({**json.loads(source_file.read_text()),
+                                       "validation_records": data["validation_pictures"]}))
     assert run_cli("report", project).exit_code == 0
+    # Measured on as many posts: the row says what was kept (a few validation posts: too few to count).
+    assert ("<th>source tags kept</th><td>not counted</td><td>none of the 9 tags it knew has 10 validation "
+            "positives") in page.read_text()
     assert not (folder / "999999.jpg").exists()
     assert sorted(path.name for path in project.iterdir() if "_files" in path.name) == ["report_files"]
 

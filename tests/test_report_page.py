@@ -31,6 +31,12 @@ def page(tmp_path_factory, sample_dataset):
     output.parent.mkdir()
     result = CliRunner().invoke(main, ["report", str(project), "--output", str(output)])
     assert result.exit_code == 0, result.output
+    # The source measured these validation posts: the page is written again with the row of what was kept.
+    source_file = project / "logs" / "source_tag_ap.json"
+    source_file.write_text(json.dumps({**json.loads(source_file.read_text()),
+                                       "validation_records": page_data(output)[1]["validation_pictures"]}))
+    result = CliRunner().invoke(main, ["report", str(project), "--output", str(output)])
+    assert result.exit_code == 0, result.output
     assert (root / "out" / "page_files").is_dir()
     return output
 
@@ -58,6 +64,9 @@ def test_the_page_in_a_browser(page, tmp_path):
         assert overflowing == []
         assert view.locator("#vocabulary-new tr").count() == len(row_names(view)) - 10  # the new tags
         assert view.locator('#tag-table th[data-key="source_ap"]').count() == 1
+        kept = view.locator("tr", has=view.locator("th", has_text="source tags kept"))
+        assert kept.count() == 1 and kept.is_visible()
+        assert kept.locator("td").first.inner_text() == "not counted"  # a few validation posts: no tag has 10
         assert not blank(view.screenshot(full_page=True, path=tmp_path / "page.png"))
 
         # Sorting: by validation posts (descending) first; a click on "tag" sorts by name, again reverses it.

@@ -220,7 +220,8 @@ def make_report(project_path, *, model_path=None, output=None, batch_size=32, al
     staging = _thumbnails(pictures, page, echo_err)
     try:
         html = render(f"{config.project_dir.resolve().name}: what the tagger learned", run_rows,
-                      summary.figure_rows(result), drawn, data, data["vocabulary"], notes)
+                      summary.figure_rows(result) + summary.kept_rows(files.source_ap, tags, result, len(validation)),
+                      drawn, data, data["vocabulary"], notes)
         write_text_atomic(page, html)
         _swap_in(staging, folder_beside(page))
     except BaseException:

@@ -51,19 +51,23 @@ def kept(source_ap: dict, support: dict, ap: dict, min_positives: int = MIN_POSI
                 after=sum(a for _, _, a in pairs) / len(pairs) if pairs else None)
 
 
-def kept_line(figures: Kept, min_positives: int = MIN_POSITIVES, loss: float = LOSS) -> str:
-    """`Kept from the source: of the 14 tags it knew with >= 10 validation positives, 2 lost more than 0.02
-    AP (objects 0.238 -> 0.150, flag 0.906 -> 0.850), 7 gained; their mean AP 0.591 -> 0.612 ...`."""
-    where = "per tag: evaluate-project --metrics --format json (source_ap), or the report's source model AP column"
+def kept_summary(figures: Kept, min_positives: int = MIN_POSITIVES, loss: float = LOSS) -> str:
+    """`of the 14 tags it knew with >= 10 validation positives, 2 lost more than 0.02 AP (objects 0.238 -> 0.150,
+    ...), 7 gained; their mean AP 0.591 -> 0.612`, or why nothing is counted."""
     if not figures.measured:
-        return (f"Kept from the source: none of the {figures.known:,} tags it knew has {min_positives} validation "
-                f"positives, too few to tell a lost tag from noise; {where}")
+        return (f"none of the {figures.known:,} tags it knew has {min_positives} validation positives, too few to "
+                f"tell a lost tag from noise")
     if figures.lost:
         named = ", ".join(f"{tag} {before:.3f} -> {after:.3f}" for tag, before, after in figures.lost[:NAMED])
         more = f", and {len(figures.lost) - NAMED} more" if len(figures.lost) > NAMED else ""
         fell = f"{len(figures.lost)} lost more than {loss:g} AP ({named}{more})"
     else:
         fell = f"none lost more than {loss:g} AP"
-    return (f"Kept from the source: of the {figures.measured} tags it knew with >= {min_positives} validation "
-            f"positives, {fell}, {figures.gained} gained; their mean AP {figures.before:.3f} -> "
-            f"{figures.after:.3f}; {where}")
+    return (f"of the {figures.measured} tags it knew with >= {min_positives} validation positives, {fell}, "
+            f"{figures.gained} gained; their mean AP {figures.before:.3f} -> {figures.after:.3f}")
+
+
+def kept_line(figures: Kept, min_positives: int = MIN_POSITIVES, loss: float = LOSS) -> str:
+    """The console's `Kept from the source: <kept_summary>; per tag: ...`."""
+    return (f"Kept from the source: {kept_summary(figures, min_positives, loss)}; per tag: evaluate-project "
+            f"--metrics --format json (source_ap), or the report's source model AP column")

@@ -47,15 +47,16 @@ def test_without_enough_positives_the_line_says_so_rather_than_counting():
     assert line.startswith("Kept from the source: none of the 2 tags it knew has 10 validation positives")
 
 
-def report(tags, values):
-    return SimpleNamespace(result={"per_tag": {"ap": np.array([values[tag] for tag in tags], dtype=np.float64)}})
+def report(tags, values, records=20):
+    return SimpleNamespace(records=records,
+                           result={"per_tag": {"ap": np.array([values[tag] for tag in tags], dtype=np.float64)}})
 
 
 @pytest.mark.parametrize("end", ["on_train_end", "on_train_stopped"])
 def test_the_monitor_compares_the_last_validation_with_the_written_start(tmp_path, end):
     tags = ["flag", "new", "face"]
     (tmp_path / "source_tag_ap.json").write_text(json.dumps(
-        {"ap": {"flag": 0.9, "face": 0.7}, "support": {"flag": 12, "face": 11}}))
+        {"validation_records": 20, "ap": {"flag": 0.9, "face": 0.7}, "support": {"flag": 12, "face": 11}}))
     lines = []
     monitor = KeptMonitor(tmp_path, tags, lines.append)
     monitor.on_validation(report(tags, {"flag": 0.1, "new": 0.2, "face": 0.1}), {})
@@ -74,8 +75,12 @@ def test_the_monitor_says_nothing_without_a_source_a_validation_or_a_readable_fi
     monitor.on_train_end(None)  # no source_tag_ap.json: a run from scratch
     (tmp_path / "source_tag_ap.json").write_text("{not json")
     monitor.on_train_end(None)
-    (tmp_path / "source_tag_ap.json").write_text(json.dumps({"ap": {"flag": 0.9}, "support": {"flag": 30}}))
+    (tmp_path / "source_tag_ap.json").write_text(json.dumps(
+        {"validation_records": 20, "ap": {"flag": 0.9}, "support": {"flag": 30}}))
     KeptMonitor(tmp_path, tags, lines.append).on_train_end(None)  # no validation this run
+    other = KeptMonitor(tmp_path, tags, lines.append)
+    other.on_validation(report(tags, {"flag": 0.5}, records=21), {})
+    other.on_train_end(None)  # the split changed since the source was measured: other posts
     assert lines == []
 
 

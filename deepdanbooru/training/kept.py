@@ -36,5 +36,7 @@ class KeptMonitor(Monitor):
             source_ap, support = dict(start["ap"]), dict(start["support"])
         except (OSError, ValueError, KeyError, TypeError):
             return  # the figures are a courtesy; a damaged file is reported by evaluate-project and the report
+        if start.get("validation_records") != self._last.records:
+            return  # the split changed since the source was measured: other posts, no comparison
         values = self._last.result["per_tag"]["ap"]
         self.echo(kept_line(kept(source_ap, support, dict(zip(self.tags, (float(v) for v in values))))))

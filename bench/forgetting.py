@@ -140,16 +140,6 @@ def mixed(start, end, alpha: float, into, head=None) -> None:
         layer.set_weights(out)
 
 
-def unmixed(start, mix, alpha: float, into) -> None:
-    """into's weights = the trained weights a wise_ft export mixed at alpha: start + (mix - start) / alpha."""
-    for layer in into.layers:
-        if not layer.weights:
-            continue
-        a = start.get_layer(layer.name).get_weights()
-        b = mix.get_layer(layer.name).get_weights()
-        layer.set_weights([x + (y - x) / alpha if np.issubdtype(y.dtype, np.floating) else y for x, y in zip(a, b)])
-
-
 class LogitEnsemble:
     """Scores sigmoid((1 - weight) * logit(start) + weight * logit(end)): an output-space ensemble of two models."""
 
@@ -227,7 +217,7 @@ def main(argv=None) -> int:
         held = mixed_alpha(export)
         if held != 1.0:  # a wise_ft export: measure mixes and ensembles of the weights it trained
             trained = keras.models.clone_model(end)
-            unmixed(start, end, held, trained)
+            mixed(start, end, 1.0 / held, trained)  # start + (mix - start) / a: the weights the mix was made of
             end = trained
         known = {tag_key(tag) for tag in names}
         new_tags = [tag for tag in measurer.tags if tag_key(tag) not in known]
@@ -240,15 +230,14 @@ def main(argv=None) -> int:
             key = alpha if alpha == "best" else f"ens{rate:g}" if alpha == "ens" else \
                 f"{alpha:g}" + ("" if rate is None else f"/{rate:g}")
             if alpha == "best":
-                ap, name = measurer.ap(load_model_file(best)), f"best export ({best.name})"
+                scored, name = load_model_file(best), f"best export ({best.name})"
             elif alpha == "ens":
-                ap, name = measurer.ap(LogitEnsemble(start, end, rate)), f"{key}: start + {export.name} (trained)"
+                scored, name = LogitEnsemble(start, end, rate), f"{key}: start + {export.name} (trained)"
             else:
                 mixed(start, end, alpha, work, None if rate is None else (head, known_columns, rate))
-                ap, name = measurer.ap(work), f"a={key} of {export.name}"
-            per_tag[key] = ap
+                scored, name = work, f"a={key} of {export.name}"
+            ap = per_tag[key] = measurer.ap(scored)
             if halves and alpha != "best":
-                scored = LogitEnsemble(start, end, rate) if alpha == "ens" else work
                 for half, part in enumerate(halves):
                     per_tag[f"{key}@half{half}"] = part.ap(scored)
             rows[key] = goals(start_file["ap"], start_file["support"], ap, new_tags, args.min_positives, args.loss)

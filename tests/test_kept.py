@@ -47,9 +47,9 @@ def test_without_enough_positives_the_line_says_so_rather_than_counting():
     assert line.startswith("Kept from the source: none of the 2 tags it knew has 10 validation positives")
 
 
-def report(tags, values, records=20):
-    return SimpleNamespace(records=records,
-                           result={"per_tag": {"ap": np.array([values[tag] for tag in tags], dtype=np.float64)}})
+def report(tags, values, records=20, positives=12):
+    return SimpleNamespace(records=records, result={"per_tag": {
+        "ap": np.array([values[tag] for tag in tags], dtype=np.float64), "support": np.full(len(tags), positives)}})
 
 
 @pytest.mark.parametrize("end", ["on_train_end", "on_train_stopped"])

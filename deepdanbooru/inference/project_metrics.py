@@ -294,7 +294,7 @@ def kept_text(project_dir: Path, split: str, start_id, end_id, tags, per_tag: di
     """train-project's closing "Kept from the source" line for these figures, where the source was measured on
     these posts; None for a project without a source, or another split. A damaged source file is the json
     output's error; the text output does without the line."""
-    from deepdanbooru.scoring.kept import kept, kept_line
+    from deepdanbooru.scoring.kept import kept_line, kept_on
 
     try:
         source = read_source_figures(project_dir, split, start_id, end_id, records)
@@ -302,9 +302,7 @@ def kept_text(project_dir: Path, split: str, start_id, end_id, tags, per_tag: di
         return None
     if source is None or not source.same_posts:
         return None
-    support = {tag: int(per_tag["support"][index]) for index, tag in enumerate(tags)}
-    now = {tag: float(per_tag["ap"][index]) for index, tag in enumerate(tags)}
-    return kept_line(kept(source.ap, support, now))
+    return kept_line(kept_on(source.ap, tags, per_tag))
 
 
 def threshold_agreement(model: Path, tags, per_tag: dict) -> dict:

@@ -183,14 +183,12 @@ def run_rows(config, files, model_kind: str, model_file: Path, split: dict) -> l
 def kept_rows(source: dict | None, tags, result: dict, records: int) -> list[tuple[str, str, str]]:
     """The figure row of what a fine-tune kept of the tags its source knew (scoring.kept), where the source was
     measured on these validation posts (logs/source_tag_ap.json of as many records); none otherwise."""
-    from deepdanbooru.scoring.kept import kept, kept_summary
+    from deepdanbooru.scoring.kept import kept_on, kept_summary
 
     if not isinstance(source, dict) or not isinstance(source.get("ap"), dict) \
             or source.get("validation_records") != records:
         return []
-    per_tag = result["per_tag"]
-    figures = kept(source["ap"], {tag: int(per_tag["support"][i]) for i, tag in enumerate(tags)},
-                   {tag: float(per_tag["ap"][i]) for i, tag in enumerate(tags)})
+    figures = kept_on(source["ap"], tags, result["per_tag"])
     value = f"{len(figures.lost)} of {figures.measured} lost" if figures.measured else "not counted"
     return [("source tags kept", value, f"{kept_summary(figures)}; AP against the source's before the first "
              f"step, on the same validation posts (the tag table's source model AP column)")]

@@ -41,14 +41,21 @@ def kept(source_ap: dict, support: dict, ap: dict, min_positives: int = MIN_POSI
     def number(value):
         return None if value is None or not math.isfinite(float(value)) else float(value)
 
-    known = {tag: number(value) for tag, value in source_ap.items() if number(value) is not None}
-    pairs = [(tag, before, number(ap.get(tag))) for tag, before in known.items()
-             if support.get(tag, 0) >= min_positives and number(ap.get(tag)) is not None]
+    known = {tag: before for tag, value in source_ap.items() if (before := number(value)) is not None}
+    pairs = [(tag, before, after) for tag, before in known.items()
+             if support.get(tag, 0) >= min_positives and (after := number(ap.get(tag))) is not None]
     lost = sorted(((tag, b, a) for tag, b, a in pairs if a - b < -loss), key=lambda item: item[2] - item[1])
     return Kept(measured=len(pairs), known=len(known), lost=tuple(lost),
                 gained=sum(1 for _, b, a in pairs if a - b > loss),
                 before=sum(b for _, b, _ in pairs) / len(pairs) if pairs else None,
                 after=sum(a for _, _, a in pairs) / len(pairs) if pairs else None)
+
+
+def kept_on(source_ap: dict, tags, per_tag: dict) -> Kept:
+    """kept() of a validation result's per-tag arrays (scoring.metrics: "ap", "support" in tags.txt order), the
+    posts being those the source was measured on."""
+    return kept(source_ap, {tag: int(per_tag["support"][i]) for i, tag in enumerate(tags)},
+                {tag: float(per_tag["ap"][i]) for i, tag in enumerate(tags)})
 
 
 def kept_summary(figures: Kept, min_positives: int = MIN_POSITIVES, loss: float = LOSS) -> str:

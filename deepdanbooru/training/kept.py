@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deepdanbooru.scoring.kept import kept, kept_line
+from deepdanbooru.scoring.kept import kept_line, kept_on
 from deepdanbooru.training.monitors import Monitor
 from deepdanbooru.training.start import SOURCE_AP_FILE
 
@@ -33,10 +33,9 @@ class KeptMonitor(Monitor):
             return
         try:
             start = json.loads(self.path.read_text(encoding="utf-8"))
-            source_ap, support = dict(start["ap"]), dict(start["support"])
+            source_ap = dict(start["ap"])
         except (OSError, ValueError, KeyError, TypeError):
             return  # the figures are a courtesy; a damaged file is reported by evaluate-project and the report
         if start.get("validation_records") != self._last.records:
             return  # the split changed since the source was measured: other posts, no comparison
-        values = self._last.result["per_tag"]["ap"]
-        self.echo(kept_line(kept(source_ap, support, dict(zip(self.tags, (float(v) for v in values))))))
+        self.echo(kept_line(kept_on(source_ap, self.tags, self._last.result["per_tag"])))
